@@ -1,0 +1,22 @@
+"""novaforge: a deep-learning compiler for PyTorch.
+
+    compiled = novaforge.compile(model)            # or torch.compile(model, backend="novaforge")
+    print(novaforge.explain(model, *inputs))        # what the compiler did, pass by pass
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .api import CompiledModule, compile  # noqa: E402
+from .frontend.capture import CaptureError  # noqa: E402
+from .frontend.lower import UnsupportedError  # noqa: E402
+
+__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "compile", "explain"]
+
+
+def explain(model, *args, **kwargs):
+    """Compile `model` for these inputs and return a printable report (see report/explain.py)."""
+    from .report.explain import explain as _explain
+
+    return _explain(model, *args, **kwargs)

@@ -1,0 +1,197 @@
+"""`novaforge.compile`: the user-facing compiled callable.
+
+A `CompiledModule` compiles on its first call for the given inputs and keeps one `Program`
+per input signature (a guard over shapes, dtypes, devices, strides, requires-grad and the
+non-tensor arguments); a call whose signature has no program compiles a new one. Parameters
+and buffers are read from the module at every call (in-place updates are seen), unless
+`freeze=True` made them constants of the program.
+
+Gradients: a call that needs them (grad mode on and an input or parameter requiring grad) runs
+the optimized graph through the reference interpreter with autograd recording, so gradients
+are correct; it never silently detaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .frontend.capture import Captured, capture
+from .ir import Graph
+from .passes.pipeline import PassRecord, run_pipeline
+from .runtime.interpret import interpret
+
+BACKENDS = ("auto", "interpret", "cpu", "triton")
+
+
+@dataclass
+class CompileStats:
+    """What one compilation did: times, pass records, the graphs before and after."""
+
+    captured: Captured
+    graph: Graph
+    records: list[PassRecord]
+    times: dict[str, float]
+    backend: str
+    program: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _signature(flat: list[Any]) -> tuple:
+    sig = []
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            sig.append(("T", tuple(x.shape), x.dtype, str(x.device), tuple(x.stride()), x.requires_grad))
+        else:
+            try:
+                hash(x)
+                sig.append(("C", type(x).__name__, x))
+            except TypeError:
+                sig.append(("C", type(x).__name__, repr(x)))
+    return tuple(sig)
+
+
+class CompiledModule:
+    """The callable returned by `novaforge.compile`."""
+
+    def __init__(self, fn: Any, *, freeze: bool = False, backend: str = "auto",
+                 options: dict[str, Any] | None = None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.fn = fn
+        self.freeze = freeze
+        self.backend = backend
+        self.options = dict(options or {})
+        self._programs: dict[tuple, _Entry] = {}
+        self.compilations = 0
+        self.last_stats: CompileStats | None = None
+
+    # nn.Module conveniences
+    def __getattr__(self, name: str) -> Any:
+        fn = self.__dict__.get("fn")
+        if fn is None:
+            raise AttributeError(name)
+        return getattr(fn, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = (spec, _signature(flat), torch.is_grad_enabled())
+        entry = self._programs.get(key)
+        if entry is None:
+            entry = self._compile(args, kwargs)
+            self._programs[key] = entry
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        return entry.run(tensors, self._needs_grad(tensors, entry))
+
+    def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        return any(t.requires_grad for t in tensors) or any(t.requires_grad for t in entry.captured.param_refs)
+
+    def _compile(self, args: tuple, kwargs: dict) -> _Entry:
+        stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
+                              options=self.options)
+        self.compilations += 1
+        self.last_stats = stats
+        return _Entry(stats)
+
+    def stats(self) -> CompileStats | None:
+        return self.last_stats
+
+
+class _Entry:
+    """One compiled signature: binds inputs and parameters, runs the program."""
+
+    def __init__(self, stats: CompileStats) -> None:
+        self.stats = stats
+        self.captured = stats.captured
+        g = stats.graph
+        self.binding: list[tuple[str, int]] = []
+        user = ref = 0
+        for gi in g.inputs:
+            if gi.kind == "user":
+                self.binding.append(("user", user))
+                user += 1
+            elif gi.kind in ("param", "buffer"):
+                self.binding.append(("ref", ref))
+                ref += 1
+        self.n_out = len(g.outputs)
+        self.mut_targets = self._mutation_targets(g)
+
+    def _mutation_targets(self, g: Graph) -> list[tuple[str, int]]:
+        pos: dict[Any, tuple[str, int]] = {}
+        user = ref = 0
+        for gi in g.inputs:
+            if gi.kind == "user":
+                pos[gi.value] = ("user", user)
+                user += 1
+            elif gi.kind in ("param", "buffer"):
+                pos[gi.value] = ("ref", ref)
+                ref += 1
+        return [pos[old] for old, _ in g.mutations]
+
+    def run(self, tensors: list[torch.Tensor], needs_grad: bool) -> Any:
+        refs = self.captured.param_refs
+        bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.binding]
+        if needs_grad or self.stats.program is None:
+            outs = interpret(self.stats.graph, bound)
+        else:
+            outs = self.stats.program.run(bound)
+        results, new_vals = outs[: self.n_out], outs[self.n_out:]
+        with torch.no_grad():
+            for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):
+                dst = tensors[i] if kind == "user" else refs[i]
+                dst.copy_(val)
+        return pytree.tree_unflatten(list(results), self.captured.out_spec)
+
+
+def resolve_backend(backend: str, graph: Graph) -> str:
+    if backend != "auto":
+        return backend
+    env = os.environ.get("NOVAFORGE_BACKEND")
+    if env:
+        return env
+    devices = {gi.value.type.device for gi in graph.inputs}
+    if any(d.startswith("cuda") for d in devices):
+        return "triton"
+    return "interpret"
+
+
+def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
+                  options: dict[str, Any]) -> CompileStats:
+    """Capture, optimize and build a program for one input signature."""
+    t0 = time.perf_counter()
+    with torch.no_grad() if freeze else contextlib.nullcontext():
+        captured = capture(fn, args, kwargs, freeze=freeze)
+    t1 = time.perf_counter()
+    chosen = resolve_backend(backend, captured.graph)
+    from .codegen.registry import get_backend
+
+    be = get_backend(chosen)
+    opts = dict(options)
+    opts.setdefault("backend", chosen)
+    graph, records = run_pipeline(captured.graph, options=opts, target=be.target(), backend=be)
+    t2 = time.perf_counter()
+    program = be.build(graph, opts) if be is not None else None
+    t3 = time.perf_counter()
+    times = dict(captured.times)
+    times.update({"capture_s": t1 - t0, "passes_s": t2 - t1, "codegen_s": t3 - t2, "total_s": t3 - t0})
+    return CompileStats(captured, graph, records, times, chosen, program)
+
+
+def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", **options: Any):
+    """Compile an nn.Module or function. Usable as `novaforge.compile(model)` or as a decorator.
+
+    freeze: treat parameters and buffers as constants (inference; enables folding them).
+    backend: 'auto' (cpu for CPU tensors, triton for CUDA), 'cpu', 'triton' or 'interpret'.
+    options: compiler options (see docs/options.md).
+    """
+    if model is None:
+        return lambda m: CompiledModule(m, freeze=freeze, backend=backend, options=options)
+    return CompiledModule(model, freeze=freeze, backend=backend, options=options)

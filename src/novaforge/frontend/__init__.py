@@ -1,0 +1,1 @@
+"""Frontend: capture (torch.export / Dynamo) and lowering of ATen graphs to the IR."""

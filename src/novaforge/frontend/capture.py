@@ -1,0 +1,157 @@
+"""Capture: nn.Module or function + example inputs -> IR graph, via torch.export.
+
+`torch.export` (non-strict) traces the program to ATen. When the traced graph contains
+in-place ops it is functionalized (`run_decompositions({})`), which turns buffer updates into
+explicit outputs; otherwise that step is skipped, since it costs seconds on large models and
+the traced graph is already functional. Parameters and buffers become `param`/`buffer` graph
+inputs bound from the module at each call, or `const` inputs when `freeze=True`.
+
+Invariant: `Captured.graph` computes exactly what the module computed for inputs of the
+captured signature; any construct that cannot be captured raises `CaptureError` with the
+module and the reason (data-dependent control flow names the user's source line).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..ir import Graph
+from .lower import InputSpec, UnsupportedError, lower_fx
+
+
+class CaptureError(RuntimeError):
+    pass
+
+
+@dataclass
+class Captured:
+    graph: Graph
+    out_spec: Any
+    param_refs: list[torch.Tensor]  # tensors bound to the graph's param/buffer inputs, in order
+    aten_ops: int
+    externs: list[tuple[str, str]]
+    times: dict[str, float] = field(default_factory=dict)
+    mutated_inputs: list[int] = field(default_factory=list)
+
+
+class _FnModule(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _mutating(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
+    try:
+        return torch.export.export(module, args, kwargs, strict=False)
+    except Exception as e:  # export raises many types; keep the first lines, which name the cause
+        msg = str(e).strip().splitlines()
+        head = "\n".join(msg[:12])
+        kind = "data-dependent" if "data-dependent" in str(e) or "GuardOnDataDependent" in type(e).__name__ else ""
+        hint = (" (control flow or shapes that depend on tensor values cannot be compiled; "
+                "move them out of the compiled region)") if kind else ""
+        raise CaptureError(f"torch.export could not capture {type(module).__name__}{hint}: "
+                           f"{type(e).__name__}: {head}") from e
+
+
+def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False) -> Captured:
+    kwargs = kwargs or {}
+    mod = module if isinstance(module, torch.nn.Module) else _FnModule(module)
+    t0 = time.perf_counter()
+    ep = _export(mod, tuple(args), kwargs)
+    t1 = time.perf_counter()
+    if _mutating(ep.graph_module):
+        ep = ep.run_decompositions({})
+    t2 = time.perf_counter()
+    sig = ep.graph_signature
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    params = dict(mod.named_parameters(remove_duplicate=False))
+    buffers = dict(mod.named_buffers(remove_duplicate=False))
+    specs: list[InputSpec] = []
+    refs: list[torch.Tensor] = []
+    user_index = 0
+    ph_index: dict[str, int] = {}
+    user_ph: list[int] = []
+    for i, s in enumerate(sig.input_specs):
+        ph_index[s.arg.name] = i
+        if s.kind == InputKind.USER_INPUT:
+            specs.append(InputSpec("user", f"input{user_index}"))
+            user_ph.append(i)
+            user_index += 1
+        elif s.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            t = params.get(s.target) if s.kind == InputKind.PARAMETER else buffers.get(s.target)
+            if t is None:
+                t = ep.state_dict.get(s.target, ep.constants.get(s.target))
+            if t is None:
+                raise CaptureError(f"cannot find {s.kind.name.lower()} {s.target}")
+            if freeze:
+                specs.append(InputSpec("const", s.target, t.detach()))
+            else:
+                specs.append(InputSpec("param" if s.kind == InputKind.PARAMETER else "buffer", s.target))
+                refs.append(t)
+        elif s.kind == InputKind.CONSTANT_TENSOR:
+            specs.append(InputSpec("const", s.target, ep.constants[s.target].detach()))
+        else:
+            raise CaptureError(f"unsupported graph input kind {s.kind.name} ({s.target})")
+
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    out_args = list(out_node.args[0])
+    outputs: list[Any] = []
+    mutations: list[tuple[int, int]] = []
+    mutated_user: list[int] = []
+    for j, s in enumerate(sig.output_specs):
+        if s.kind == OutputKind.USER_OUTPUT:
+            outputs.append(out_args[j])
+        elif s.kind == OutputKind.BUFFER_MUTATION:
+            if freeze:
+                raise CaptureError(f"freeze=True but the model updates buffer {s.target} (training-mode "
+                                   "BatchNorm?); call model.eval() or compile without freeze")
+            idx = next(i for i, ss in enumerate(sig.input_specs) if ss.target == s.target
+                       and ss.kind == InputKind.BUFFER)
+            outputs.append(out_args[j])
+            mutations.append((idx, len(outputs) - 1))
+        elif s.kind == OutputKind.USER_INPUT_MUTATION:
+            idx = ph_index[s.target]
+            outputs.append(out_args[j])
+            mutations.append((idx, len(outputs) - 1))
+            mutated_user.append(user_ph.index(idx))
+        else:
+            raise CaptureError(f"unsupported graph output kind {s.kind.name}")
+    aten_ops = sum(1 for n in ep.graph.nodes if n.op == "call_function"
+                   and isinstance(n.target, torch._ops.OpOverload)
+                   and n.target is not torch.ops.aten._assert_tensor_metadata.default)
+    try:
+        graph, ctx = lower_fx(ep.graph_module, specs, output_nodes=outputs, mutations=mutations)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
+    t3 = time.perf_counter()
+    graph.meta["aten_ops"] = aten_ops
+    return Captured(
+        graph=graph,
+        out_spec=ep.call_spec.out_spec,
+        param_refs=refs,
+        aten_ops=aten_ops,
+        externs=ctx.externs,
+        times={"export_s": t1 - t0, "functionalize_s": t2 - t1, "lower_s": t3 - t2},
+        mutated_inputs=mutated_user,
+    )
+
+
+def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
+    return pytree.tree_flatten((tuple(args), dict(kwargs)))

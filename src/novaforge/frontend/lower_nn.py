@@ -1,0 +1,422 @@
+"""Lowering rules for reductions, normalizations, softmax, matmul and attention.
+
+Composite ops (mean, var, softmax, layer/RMS/batch/group norm, logsumexp, cross-entropy) are
+decomposed into IR primitives here, so that the fuse pass rebuilds each of them as one kernel
+with the same machinery that fuses user-written math. Matmul-like ops become `matmul` (plus
+pointwise bias); scaled-dot-product attention becomes one `attention` node directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ..ir.types import is_float
+from .lower import LowerCtx, UnsupportedError
+from .lower_elementwise import rule
+
+aten = torch.ops.aten
+
+
+def _axes(ctx: LowerCtx, v, dim) -> tuple[int, ...]:
+    r = v.type.rank
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return tuple(range(r))
+    if isinstance(dim, int):
+        dim = [dim]
+    return tuple(sorted({ctx.axis(d, r) for d in dim}))
+
+
+def reduce(ctx: LowerCtx, op: str, v, axes: Sequence[int], keepdim: bool):
+    if v.type.rank == 0:
+        return v
+    return ctx.emit(op, [v], axes=tuple(axes), keepdim=keepdim)
+
+
+def mean(ctx: LowerCtx, v, axes: Sequence[int], keepdim: bool):
+    n = math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
+    s = reduce(ctx, "sum", v, axes, keepdim)
+    return ctx.emit("div", [s, ctx.scalar(n, v.type.dtype, v.type.device)])
+
+
+def variance(ctx: LowerCtx, v, axes, keepdim: bool, correction: float = 0.0):
+    m = mean(ctx, v, axes, True)
+    d = ctx.emit("sub", [v, m])
+    ss = reduce(ctx, "sum", ctx.emit("mul", [d, d]), axes, keepdim)
+    n = math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
+    return ctx.emit("div", [ss, ctx.scalar(max(n - correction, 0), v.type.dtype, v.type.device)]), m
+
+
+@rule(aten.sum.default, aten.sum.dim_IntList)
+def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    return reduce(ctx, "sum", v, _axes(ctx, v, dim), keepdim)
+
+
+@rule(aten.mean.default, aten.mean.dim)
+def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    return mean(ctx, v, _axes(ctx, v, dim), keepdim)
+
+
+@rule(aten.prod.default, aten.prod.dim_int)
+def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    return reduce(ctx, "prod", v, _axes(ctx, v, dim), keepdim)
+
+
+@rule(aten.amax.default, aten.amin.default)
+def _amax(ctx, x, dim=(), keepdim=False):
+    v = ctx.val(x)
+    op = "max" if ctx.fx_node.target is aten.amax.default else "min"
+    return reduce(ctx, op, v, _axes(ctx, v, dim), keepdim)
+
+
+@rule(aten.max.default, aten.min.default)
+def _max_all(ctx, x):
+    v = ctx.val(x)
+    op = "max" if ctx.fx_node.target is aten.max.default else "min"
+    return reduce(ctx, op, v, _axes(ctx, v, None), False)
+
+
+@rule(aten.max.dim, aten.min.dim)
+def _max_dim(ctx, x, dim, keepdim=False):
+    v = ctx.val(x)
+    is_max = ctx.fx_node.target is aten.max.dim
+    axes = _axes(ctx, v, dim)
+    return (reduce(ctx, "max" if is_max else "min", v, axes, keepdim),
+            _arg(ctx, v, axes, keepdim, "argmax" if is_max else "argmin"))
+
+
+def _arg(ctx, v, axes, keepdim, op):
+    if v.type.rank == 0:
+        return ctx.scalar(0, torch.int64, v.type.device)
+    return ctx.emit(op, [v], axes=tuple(axes), keepdim=keepdim)
+
+
+@rule(aten.argmax.default, aten.argmin.default)
+def _argmax(ctx, x, dim=None, keepdim=False):
+    v = ctx.val(x)
+    op = "argmax" if ctx.fx_node.target is aten.argmax.default else "argmin"
+    if dim is None:
+        flat = ctx.reshape(v, (v.type.numel,))
+        out = _arg(ctx, flat, (0,), False, op)
+        return ctx.reshape(out, ctx.out_type.shape)
+    return _arg(ctx, v, _axes(ctx, v, dim), keepdim, op)
+
+
+@rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def _any(ctx, x, dim=None, keepdim=False):
+    from .lower_elementwise import _as_bool
+
+    v = _as_bool(ctx, x)
+    is_any = ctx.fx_node.target._overloadpacket is aten.any
+    return reduce(ctx, "max" if is_any else "min", v, _axes(ctx, v, dim), keepdim)
+
+
+@rule(aten.var.correction, aten.var.dim, aten.var.default, aten.std.correction, aten.std.dim,
+      aten.std.default, aten.var_mean.correction, aten.var_mean.dim, aten.std_mean.correction)
+def _var(ctx, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    target = ctx.fx_node.target
+    name = target._overloadpacket.__name__
+    if isinstance(dim, bool):  # var.default(x, unbiased)
+        unbiased, dim = dim, None
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    t = ctx.out_types[0]
+    v = ctx.cast(ctx.val(x), t.dtype)
+    axes = _axes(ctx, v, dim)
+    var, m = variance(ctx, v, axes, keepdim, float(correction))
+    out = ctx.emit("sqrt", [var]) if name.startswith("std") else var
+    if name.endswith("_mean"):
+        return out, (m if keepdim else ctx.reshape(m, out.type.shape))
+    return out
+
+
+@rule(aten.logsumexp.default)
+def _logsumexp(ctx, x, dim, keepdim=False):
+    v = ctx.cast(ctx.val(x), ctx.out_type.dtype)
+    return logsumexp(ctx, v, _axes(ctx, v, dim), keepdim)
+
+
+def logsumexp(ctx: LowerCtx, v, axes, keepdim: bool):
+    dt, dev = v.type.dtype, v.type.device
+    m = reduce(ctx, "max", v, axes, True)
+    finite = ctx.emit("isfinite", [m])
+    m = ctx.emit("where", [finite, m, ctx.scalar(0.0, dt, dev)])
+    s = reduce(ctx, "sum", ctx.emit("exp", [ctx.emit("sub", [v, m])]), axes, True)
+    out = ctx.emit("add", [ctx.emit("log", [s]), m])
+    return out if keepdim else ctx.reshape(out, tuple(d for i, d in enumerate(v.type.shape) if i not in axes))
+
+
+def softmax(ctx: LowerCtx, v, axis: int, log: bool = False):
+    m = reduce(ctx, "max", v, (axis,), True)
+    z = ctx.emit("sub", [v, m])
+    e = ctx.emit("exp", [z])
+    s = reduce(ctx, "sum", e, (axis,), True)
+    if log:
+        return ctx.emit("sub", [z, ctx.emit("log", [s])])
+    return ctx.emit("div", [e, s])
+
+
+@rule(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx, x, dim, half_to_float=False):
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    return softmax(ctx, v, ctx.axis(dim, max(v.type.rank, 1)), log=ctx.fx_node.target is aten._log_softmax.default)
+
+
+@rule(aten.softmax.int, aten.log_softmax.int)
+def _softmax_int(ctx, x, dim, dtype=None):
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    return softmax(ctx, v, ctx.axis(dim, max(v.type.rank, 1)), log=ctx.fx_node.target is aten.log_softmax.int)
+
+
+@rule(aten._safe_softmax.default)
+def _safe_softmax(ctx, x, dim, dtype=None):
+    """Softmax whose fully masked (all -inf) rows give 0 instead of NaN."""
+    t = ctx.out_type
+    v = ctx.cast(ctx.val(x), t.dtype)
+    ax = ctx.axis(dim, v.type.rank)
+    sm = softmax(ctx, v, ax)
+    ninf = ctx.emit("eq", [v, ctx.scalar(float("-inf"), t.dtype)])
+    allmasked = reduce(ctx, "min", ninf, (ax,), True)
+    return ctx.emit("where", [allmasked, ctx.scalar(0.0, t.dtype), sm])
+
+
+# ------------------------------------------------------------------------------- norms
+def _affine(ctx: LowerCtx, y, weight, bias, shape_tail: Sequence[int] | None = None):
+    dt = y.type.dtype
+    if weight is not None:
+        w = ctx.cast(ctx.val(weight), dt)
+        if shape_tail is not None:
+            w = ctx.reshape(w, shape_tail)
+        y = ctx.emit("mul", [y, w])
+    if bias is not None:
+        b = ctx.cast(ctx.val(bias), dt)
+        if shape_tail is not None:
+            b = ctx.reshape(b, shape_tail)
+        y = ctx.emit("add", [y, b])
+    return y
+
+
+def layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
+    v = ctx.val(x)
+    dt = v.type.dtype
+    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    vf = ctx.cast(v, acc)
+    axes = tuple(range(v.type.rank - len(normalized_shape), v.type.rank))
+    var, m = variance(ctx, vf, axes, True)
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, acc)])])
+    y = ctx.emit("mul", [ctx.emit("sub", [vf, m]), rstd])
+    return ctx.cast(_affine(ctx, y, weight, bias), dt), m, rstd
+
+
+@rule(aten.native_layer_norm.default)
+def _native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    y, m, rstd = layer_norm(ctx, x, normalized_shape, weight, bias, eps)
+    t = ctx.out_types
+    return y, ctx.cast(m, t[1].dtype), ctx.cast(rstd, t[2].dtype)
+
+
+@rule(aten.layer_norm.default)
+def _layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return layer_norm(ctx, x, normalized_shape, weight, bias, eps)[0]
+
+
+@rule(aten.rms_norm.default)
+def _rms_norm(ctx, x, normalized_shape, weight=None, eps=None):
+    v = ctx.val(x)
+    dt = v.type.dtype
+    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    if eps is None:
+        eps = torch.finfo(dt).eps
+    vf = ctx.cast(v, acc)
+    axes = tuple(range(v.type.rank - len(normalized_shape), v.type.rank))
+    ms = mean(ctx, ctx.emit("mul", [vf, vf]), axes, True)
+    y = ctx.emit("mul", [vf, ctx.emit("rsqrt", [ctx.emit("add", [ms, ctx.scalar(eps, acc)])])])
+    return _affine(ctx, ctx.cast(y, dt), weight, None)
+
+
+def _bn_shape(v) -> tuple[int, ...]:
+    return (v.type.shape[1],) + (1,) * (v.type.rank - 2)
+
+
+@rule(aten._native_batch_norm_legit_no_training.default)
+def _bn_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    v = ctx.val(x)
+    dt = v.type.dtype
+    shp = _bn_shape(v)
+    rm = ctx.reshape(ctx.cast(ctx.val(running_mean), dt), shp)
+    rv = ctx.reshape(ctx.cast(ctx.val(running_var), dt), shp)
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [rv, ctx.scalar(eps, dt)])])
+    y = _affine(ctx, ctx.emit("mul", [ctx.emit("sub", [v, rm]), rstd]), weight, bias, shp)
+    t = ctx.out_types
+    empty = [ctx.expand(ctx.scalar(0, tt.dtype, tt.device), tt.shape) for tt in t[1:]]
+    return (y, *empty)
+
+
+@rule(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
+      aten.native_batch_norm.default)
+def _bn_train(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out = _bn_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps)
+        return out + ((ctx.val(running_mean), ctx.val(running_var)) if len(ctx.out_types) == 5 else ())
+    v = ctx.val(x)
+    dt = v.type.dtype
+    axes = tuple(i for i in range(v.type.rank) if i != 1)
+    var, m = variance(ctx, v, axes, True)
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, dt)])])
+    y = _affine(ctx, ctx.emit("mul", [ctx.emit("sub", [v, m]), rstd]), weight, bias, _bn_shape(v))
+    c = v.type.shape[1]
+    m1, rstd1 = ctx.reshape(m, (c,)), ctx.reshape(rstd, (c,))
+    outs = [y, m1, rstd1]
+    if len(ctx.out_types) == 5:
+        n = v.type.numel // max(c, 1)
+        unbiased = ctx.emit("mul", [ctx.reshape(var, (c,)), ctx.scalar(n / max(n - 1, 1), dt)])
+        new_rm, new_rv = [], []
+        for old, cur, acc in ((running_mean, m1, new_rm), (running_var, unbiased, new_rv)):
+            o = ctx.val(old)
+            upd = ctx.emit("add", [ctx.emit("mul", [o, ctx.scalar(1 - momentum, o.type.dtype)]),
+                                   ctx.emit("mul", [ctx.cast(cur, o.type.dtype), ctx.scalar(momentum, o.type.dtype)])])
+            acc.append(upd)
+        outs += [new_rm[0], new_rv[0]]
+    return tuple(outs)
+
+
+@rule(aten.native_group_norm.default)
+def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
+    v = ctx.val(x)
+    dt = v.type.dtype
+    g = ctx.reshape(v, (n, group, v.type.numel // max(n * group, 1)))
+    var, m = variance(ctx, g, (2,), True)
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, dt)])])
+    y = ctx.reshape(ctx.emit("mul", [ctx.emit("sub", [g, m]), rstd]), v.type.shape)
+    y = _affine(ctx, y, weight, bias, _bn_shape(v))
+    return y, ctx.reshape(m, (n, group)), ctx.reshape(rstd, (n, group))
+
+
+# ------------------------------------------------------------------------------ matmul
+def matmul(ctx: LowerCtx, a, b):
+    """torch.matmul semantics, including 1-D operands."""
+    squeeze_m = squeeze_n = False
+    if a.type.rank == 1:
+        a, squeeze_m = ctx.reshape(a, (1, a.type.shape[0])), True
+    if b.type.rank == 1:
+        b, squeeze_n = ctx.reshape(b, (b.type.shape[0], 1)), True
+    out = ctx.emit("matmul", [a, b])
+    shape = out.type.shape
+    if squeeze_n:
+        shape = shape[:-1]
+    if squeeze_m:
+        shape = shape[:-2] + shape[-1:] if not squeeze_n else shape[:-1]
+    return ctx.reshape(out, shape)
+
+
+def _operands(ctx: LowerCtx, *args):
+    dt = ctx.out_type.dtype
+    return [ctx.cast(ctx.val(a), dt) for a in args]
+
+
+@rule(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
+def _mm(ctx, a, b):
+    x, y = _operands(ctx, a, b)
+    return matmul(ctx, x, y)
+
+
+def _scaled(ctx, v, s):
+    return v if s == 1 else ctx.emit("mul", [v, ctx.scalar(s, v.type.dtype)])
+
+
+@rule(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+    x, y = _operands(ctx, a, b)
+    out = _scaled(ctx, matmul(ctx, x, y), alpha)
+    if beta == 0:
+        return out
+    c = _scaled(ctx, ctx.cast(ctx.val(bias), out.type.dtype), beta)
+    return ctx.emit("add", [out, c])
+
+
+@rule(aten.linear.default)
+def _linear(ctx, x, weight, bias=None):
+    v, w = _operands(ctx, x, weight)
+    wt = ctx.permute(w, (1, 0)) if w.type.rank == 2 else w
+    out = matmul(ctx, v, wt)
+    if bias is not None:
+        out = ctx.emit("add", [out, ctx.cast(ctx.val(bias), out.type.dtype)])
+    return out
+
+
+@rule(aten.outer.default)
+def _outer(ctx, a, b):
+    x, y = _operands(ctx, a, b)
+    return ctx.emit("mul", [ctx.reshape(x, (x.type.shape[0], 1)), ctx.reshape(y, (1, y.type.shape[0]))])
+
+
+# --------------------------------------------------------------------------- attention
+def attention(ctx: LowerCtx, q, k, v, mask, is_causal: bool, scale):
+    qv, kv, vv = (ctx.val(a) for a in (q, k, v))
+    dt = qv.type.dtype
+    if not is_float(dt):
+        raise UnsupportedError(ctx.describe("attention on non-float tensors"))
+    scale = 1.0 / math.sqrt(qv.type.shape[-1]) if scale is None else float(scale)
+    ins = [qv, ctx.cast(kv, dt), ctx.cast(vv, dt)]
+    if mask is not None:
+        m = ctx.val(mask)
+        ins.append(m if m.type.dtype == torch.bool else ctx.cast(m, dt))
+    return ctx.emit("attention", ins, scale=scale, causal=bool(is_causal))
+
+
+@rule(aten.scaled_dot_product_attention.default)
+def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    if dropout_p:
+        return ctx.extern("attention dropout")
+    return attention(ctx, q, k, v, attn_mask, is_causal, scale)
+
+
+@rule(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p:
+        return ctx.extern("attention dropout")
+    out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
+    return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
+
+
+@rule(aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+      aten.conv_transpose2d.input)
+def _conv(ctx, *args, **kwargs):
+    return ctx.extern("convolution runs in the vendor library")
+
+
+# ---------------------------------------------------------------------- cross-entropy
+@rule(aten.nll_loss_forward.default)
+def _nll_loss(ctx, logp, target, weight, reduction, ignore_index):
+    if weight is not None:
+        return ctx.extern("weighted NLL loss")
+    lp = ctx.val(logp)
+    tgt = ctx.val(target)
+    dt, dev = lp.type.dtype, lp.type.device
+    if lp.type.rank == 1:
+        lp = ctx.reshape(lp, (1, lp.type.shape[0]))
+        tgt = ctx.reshape(tgt, (1,))
+    n = lp.type.shape[0]
+    valid = ctx.emit("ne", [tgt, ctx.scalar(ignore_index, tgt.type.dtype, dev)])
+    safe = ctx.emit("where", [valid, tgt, ctx.scalar(0, tgt.type.dtype, dev)])
+    picked = ctx.emit("gather", [lp, ctx.reshape(safe, (n, 1))], axis=1)
+    picked = ctx.reshape(picked, (n,))
+    validf = ctx.cast(valid, dt)
+    losses = ctx.emit("mul", [ctx.emit("neg", [picked]), validf])
+    total = reduce(ctx, "sum", validf, (0,), False)
+    if reduction == 0:
+        return ctx.reshape(losses, ctx.out_types[0].shape), total
+    s = reduce(ctx, "sum", losses, (0,), False)
+    if reduction == 1:
+        s = ctx.emit("div", [s, total])
+    return s, total

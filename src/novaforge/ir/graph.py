@@ -1,0 +1,305 @@
+"""Graph, Node and Value: the value-semantic SSA IR.
+
+Invariants (checked by `ir.verify`):
+* A `Value` is assigned exactly once: it is either a graph input or an output of exactly one
+  node. Values know only their type; producers and users are derived per graph.
+* `Node`s are immutable: op name, input values, frozen attributes, output values, and a `meta`
+  dict for provenance (source line, ATen target) that never affects semantics or keys.
+* A `Graph` is immutable once built: inputs, nodes in a valid topological order, outputs.
+  Passes build new graphs (with `Rewriter`) and may share unchanged nodes and values with the
+  old graph, so a pass never changes the graph it was given.
+* No node mutates a value. A mutation of a graph input (a buffer update) is an explicit pair
+  (input value, new value) in `Graph.mutations`, written back by the runtime at the boundary.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .types import TensorType
+
+_ids = itertools.count()
+
+
+class Value:
+    """An SSA virtual register holding one tensor."""
+
+    __slots__ = ("id", "type", "hint")
+
+    def __init__(self, type: TensorType, hint: str = "") -> None:
+        self.id = next(_ids)
+        self.type = type
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"%{self.hint or 'v'}{self.id}:{self.type}"
+
+
+class Attrs(Mapping[str, Any]):
+    """Immutable attribute mapping; values must be hashable (ints, floats, strs, tuples,
+    dtypes, TensorTypes, frozen objects)."""
+
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, d: Mapping[str, Any] | None = None, **kw: Any) -> None:
+        data = dict(d or {})
+        data.update(kw)
+        for k, v in data.items():
+            if isinstance(v, list):
+                data[k] = _freeze(v)
+        self._d = data
+        self._h: int | None = None
+
+    def __getitem__(self, k: str) -> Any:
+        return self._d[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        if self._h is None:
+            self._h = hash(tuple(sorted(self._d.items(), key=lambda kv: kv[0])))
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Attrs) and self._d == other._d
+
+    def replace(self, **kw: Any) -> Attrs:
+        d = dict(self._d)
+        d.update(kw)
+        return Attrs(d)
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self._d.items())
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, tuple):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+EMPTY_ATTRS = Attrs()
+
+
+class Node:
+    __slots__ = ("op", "inputs", "attrs", "outputs", "meta")
+
+    def __init__(
+        self,
+        op: str,
+        inputs: Sequence[Value],
+        attrs: Attrs,
+        outputs: Sequence[Value],
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.op = op
+        self.inputs: tuple[Value, ...] = tuple(inputs)
+        self.attrs = attrs
+        self.outputs: tuple[Value, ...] = tuple(outputs)
+        self.meta: dict[str, Any] = meta if meta is not None else {}
+
+    @property
+    def out(self) -> Value:
+        """The single output (most ops have exactly one)."""
+        assert len(self.outputs) == 1, f"{self.op} has {len(self.outputs)} outputs"
+        return self.outputs[0]
+
+    def with_inputs(self, inputs: Sequence[Value]) -> Node:
+        return Node(self.op, inputs, self.attrs, self.outputs, self.meta)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"%{v.id}" for v in self.inputs)
+        outs = ", ".join(f"%{v.id}" for v in self.outputs)
+        return f"{outs} = {self.op}({ins}{', ' if ins and self.attrs else ''}{self.attrs!r})"
+
+
+INPUT_KINDS = ("user", "param", "buffer", "const")
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A graph input. `const` inputs carry their tensor (frozen parameters, folded constants);
+    `param`/`buffer` inputs are bound from the module at each call; `user` inputs are the
+    call's arguments in order."""
+
+    value: Value
+    kind: str
+    name: str
+    tensor: torch.Tensor | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        assert self.kind in INPUT_KINDS, self.kind
+        assert (self.kind == "const") == (self.tensor is not None) or self.kind != "const"
+
+
+class Graph:
+    """An immutable IR graph. Producer/user maps are computed lazily and cached."""
+
+    def __init__(
+        self,
+        inputs: Sequence[GraphInput],
+        nodes: Sequence[Node],
+        outputs: Sequence[Value],
+        mutations: Sequence[tuple[Value, Value]] = (),
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.inputs: tuple[GraphInput, ...] = tuple(inputs)
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.outputs: tuple[Value, ...] = tuple(outputs)
+        self.mutations: tuple[tuple[Value, Value], ...] = tuple(mutations)
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._producers: dict[Value, Node] | None = None
+        self._users: dict[Value, list[Node]] | None = None
+        self._input_of: dict[Value, GraphInput] | None = None
+
+    # -- derived maps -------------------------------------------------------------------
+    def producer(self, v: Value) -> Node | None:
+        if self._producers is None:
+            self._producers = {o: n for n in self.nodes for o in n.outputs}
+        return self._producers.get(v)
+
+    def users(self, v: Value) -> list[Node]:
+        if self._users is None:
+            users: dict[Value, list[Node]] = {}
+            for n in self.nodes:
+                for i in dict.fromkeys(n.inputs):
+                    users.setdefault(i, []).append(n)
+            self._users = users
+        return self._users.get(v, [])
+
+    def input_of(self, v: Value) -> GraphInput | None:
+        if self._input_of is None:
+            self._input_of = {gi.value: gi for gi in self.inputs}
+        return self._input_of.get(v)
+
+    def is_output(self, v: Value) -> bool:
+        return v in self.outputs or any(new is v for _, new in self.mutations)
+
+    def const_tensor(self, v: Value) -> torch.Tensor | None:
+        gi = self.input_of(v)
+        return gi.tensor if gi is not None and gi.kind == "const" else None
+
+    @property
+    def user_inputs(self) -> list[GraphInput]:
+        return [gi for gi in self.inputs if gi.kind == "user"]
+
+    def values(self) -> Iterable[Value]:
+        for gi in self.inputs:
+            yield gi.value
+        for n in self.nodes:
+            yield from n.outputs
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return counts
+
+    def with_nodes(self, nodes: Sequence[Node], outputs: Sequence[Value] | None = None) -> Graph:
+        return Graph(self.inputs, nodes, self.outputs if outputs is None else outputs, self.mutations, self.meta)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        from .printer import format_graph
+
+        return format_graph(self)
+
+
+class Rewriter:
+    """Builds a new graph from an old one, node by node, without touching the old graph.
+
+    `keep(node)` re-emits a node (rebuilt only if an input was substituted), `emit(...)`
+    appends a new node (types inferred from the op table), `replace(old, new)` substitutes a
+    value for all later uses and in the outputs. `finish()` returns the new Graph.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes: list[Node] = []
+        self.subst: dict[Value, Value] = {}
+        self.new_inputs: list[GraphInput] = []
+
+    def get(self, v: Value) -> Value:
+        while v in self.subst:
+            v = self.subst[v]
+        return v
+
+    def replace(self, old: Value, new: Value) -> None:
+        if old is not new:
+            if old.type != new.type:
+                raise TypeError(f"replacing {old} with {new}: types differ")
+            self.subst[old] = new
+
+    def keep(self, node: Node) -> Node:
+        ins = tuple(self.get(v) for v in node.inputs)
+        if any(a is not b for a, b in zip(ins, node.inputs, strict=True)):
+            node = node.with_inputs(ins)
+        self.nodes.append(node)
+        return node
+
+    def emit(
+        self,
+        op: str,
+        inputs: Sequence[Value],
+        attrs: Mapping[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+        out_types: Sequence[TensorType] | None = None,
+        hint: str = "",
+        **attr_kw: Any,
+    ) -> Node:
+        if attr_kw:
+            attrs = {**dict(attrs or {}), **attr_kw}
+        node = make_node(op, [self.get(v) for v in inputs], attrs, meta, out_types, hint)
+        self.nodes.append(node)
+        return node
+
+    def add_const(self, tensor: torch.Tensor, name: str) -> Value:
+        v = Value(TensorType.of(tensor), hint="c")
+        self.new_inputs.append(GraphInput(v, "const", name, tensor))
+        return v
+
+    def finish(self, outputs: Sequence[Value] | None = None) -> Graph:
+        g = self.graph
+        outs = [self.get(v) for v in (g.outputs if outputs is None else outputs)]
+        muts = [(i, self.get(v)) for i, v in g.mutations]
+        return Graph(list(g.inputs) + self.new_inputs, self.nodes, outs, muts, g.meta)
+
+
+def make_node(
+    op: str,
+    inputs: Sequence[Value],
+    attrs: Mapping[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+    out_types: Sequence[TensorType] | None = None,
+    hint: str = "",
+) -> Node:
+    """Create a node, inferring output types from the op table unless given."""
+    from .ops import OPS
+
+    opdef = OPS[op]
+    a = attrs if isinstance(attrs, Attrs) else opdef.check_attrs(dict(attrs or {}))
+    if out_types is None:
+        out_types = opdef.infer([v.type for v in inputs], a)
+    outs = [Value(t, hint) for t in out_types]
+    return Node(op, inputs, a, outs, meta)

@@ -1,0 +1,1 @@
+"""Graph passes: one file each, run in order by passes/pipeline.py."""

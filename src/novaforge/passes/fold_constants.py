@@ -1,0 +1,76 @@
+"""Constant folding.
+
+A node whose inputs are all constant (const inputs, generator outputs, or folded values) is
+evaluated once at compile time with the op's reference implementation and replaced by a new
+const input. Never folded: `random`/`side_effect` ops, generators themselves (a scalar or an
+`expand` of a scalar stays symbolic, so fills cost no memory), views of original constants
+(a permuted or reshaped weight is a free strided view; copying it would double the model's
+memory), and results larger than `fold_max_elements`. With `freeze=True` parameters are const
+inputs, so parameter-only subgraphs (weight casts, concatenations, the causal mask built from
+`arange`) fold here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ir import OPS, Graph, Rewriter, Value
+from .context import PassContext
+
+DEFAULT_MAX_ELEMENTS = 1 << 26
+
+
+def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
+    limit = ctx.option("fold_max_elements", DEFAULT_MAX_ELEMENTS)
+    rw = Rewriter(graph)
+    const: dict[Value, torch.Tensor | None] = {}  # value -> tensor (None: symbolic generator)
+    original = set()
+    for gi in graph.inputs:
+        if gi.kind == "const":
+            const[gi.value] = gi.tensor
+            original.add(gi.value)
+    folded = 0
+    lazy_defs = {}  # symbolic const-like value -> its defining node (generators, views of consts)
+    for n in graph.nodes:
+        d = OPS[n.op]
+        ins = [rw.get(v) for v in n.inputs]
+        if d.has("generator"):
+            node = rw.keep(n)
+            const[node.outputs[0]] = None
+            lazy_defs[node.outputs[0]] = node
+            continue
+        if (d.impl is None or d.has("random") or d.has("side_effect") or n.op == "kernel"
+                or not all(v in const for v in ins)):
+            rw.keep(n)
+            continue
+        if d.has("view") and (ins[0] in original or const[ins[0]] is None):
+            node = rw.keep(n)
+            const[node.outputs[0]] = None
+            lazy_defs[node.outputs[0]] = node
+            continue
+        if any(o.type.numel > limit for o in n.outputs):
+            rw.keep(n)
+            continue
+        args = [_materialize(v, const, lazy_defs) for v in ins]
+        with torch.no_grad():
+            out = d.impl(args, n.attrs)
+        outs = out if isinstance(out, list | tuple) else (out,)
+        for o, t in zip(n.outputs, outs, strict=True):
+            t = t.detach().contiguous()
+            c = rw.add_const(t, f"folded.{n.op}.{o.id}")
+            rw.replace(o, c)
+            const[c] = t
+        folded += 1
+    ctx.count("folded", folded)
+    return rw.finish() if folded else graph
+
+
+def _materialize(v: Value, const: dict, lazy_defs: dict) -> torch.Tensor:
+    t = const.get(v)
+    if t is not None:
+        return t
+    node = lazy_defs[v]
+    args = [_materialize(i, const, lazy_defs) for i in node.inputs]
+    with torch.no_grad():
+        return OPS[node.op].impl(args, node.attrs)

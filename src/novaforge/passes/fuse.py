@@ -1,0 +1,367 @@
+"""Operator fusion: group nodes into Kernels, each with one iteration space.
+
+Legality rules (all here):
+
+* Views and generators are free: they are never a kernel of their own, but replicated into
+  every kernel that reads them, where they become indexing (strides) and literals. A view that
+  strides cannot express is preceded by a `copy` (see `legalize_views`).
+* An anchor (matmul, attention) starts a kernel; elementwise consumers of its output with the
+  output's shape join it as the epilogue (bias, activation, residual add, cast), also through a
+  reshape of the output that keeps its element order ([B*T, N] -> [B, T, N]).
+* A reduction joins the kernel that produces its input when that kernel is pointwise over the
+  reduction's input shape, or a reduction kernel over the same shape and axes; then its
+  consumers join: row-level (input shape) and row-summary (keepdim shape) elementwise ops. So
+  LayerNorm, RMSNorm and softmax (two dependent reductions) are one kernel each.
+* An elementwise op joins a producer's kernel when its shape fits that kernel's space; else it
+  starts a pointwise kernel.
+* Everything else (index ops, cat, pad, scans, externs) is a `single` kernel.
+* No cycles: a node joins group G only if none of its other input groups depends on G.
+
+The result is a graph of `kernel` nodes (plus views of graph inputs returned as outputs). Each
+kernel's body is built by `fuse_body.build_body`; kernel output values are the original IR
+values, so consumers outside need no rewiring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
+from ..ir.views import Strided, apply_view
+from .context import PassContext
+
+
+@dataclass(eq=False)
+class Group:
+    kind: str  # pointwise | reduction | matmul | attention | single
+    space: tuple[int, ...]
+    index: int
+    axes: tuple[int, ...] = ()
+    nodes: list[Node] = field(default_factory=list)
+    deps: set = field(default_factory=set)
+    # values computed in the space but with another (reshaped) shape: value -> its shape
+    reshaped: dict[Value, tuple[int, ...]] = field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return self.index
+
+
+def _is_free(op: str) -> bool:
+    d = OPS[op]
+    return d.has("view") or d.has("generator")
+
+
+def legalize_views(graph: Graph, ctx: PassContext) -> Graph:
+    """Insert `copy` before views that strides cannot express, and materialize outputs that
+    are views or fills of computed values, so every kernel input is a strided buffer."""
+    rw = Rewriter(graph)
+    layout: dict[Value, Strided] = {}
+    root_is_input: dict[Value, bool] = {gi.value: True for gi in graph.inputs}
+    copies = 0
+    for n in graph.nodes:
+        d = OPS[n.op]
+        if d.has("view"):
+            src = rw.get(n.inputs[0])
+            lay = layout.get(src) or Strided.contiguous(src.type.shape)
+            new = apply_view(lay, n.op, n.attrs)
+            if new is None:
+                c = rw.emit("copy", [src]).out
+                copies += 1
+                node = rw.emit(n.op, [c], n.attrs, meta=n.meta)
+                rw.replace(n.outputs[0], node.out)
+                layout[node.out] = apply_view(Strided.contiguous(c.type.shape), n.op, n.attrs)
+                root_is_input[node.out] = False
+                continue
+            node = rw.keep(n)
+            layout[node.out] = new
+            root_is_input[node.out] = root_is_input.get(src, False)
+        else:
+            node = rw.keep(n)
+            for o in node.outputs:
+                root_is_input[o] = False
+    # materialize escaping views/generators that do not view a graph input
+    defs = {o: nd for nd in rw.nodes for o in nd.outputs}
+    outs = []
+    for v in graph.outputs:
+        v = rw.get(v)
+        p = defs.get(v)
+        if p is not None and _is_free(p.op) and not root_is_input.get(v, False):
+            v = rw.emit("copy", [v]).out
+            copies += 1
+        outs.append(v)
+    muts = []
+    for old, new in graph.mutations:
+        new = rw.get(new)
+        p = defs.get(new)
+        if p is not None and _is_free(p.op):
+            new = rw.emit("copy", [new]).out
+            copies += 1
+        muts.append((old, new))
+    ctx.count("copies_inserted", copies)
+    g = rw.finish(outs)
+    return Graph(g.inputs, g.nodes, g.outputs, muts, g.meta)
+
+
+class _Grouper:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.defs: dict[Value, Node] = {o: n for n in graph.nodes for o in n.outputs}
+        self.group_of: dict[Node, Group] = {}
+        self.groups: list[Group] = []
+
+    def new(self, kind: str, space, axes=()) -> Group:
+        g = Group(kind, tuple(space), len(self.groups), tuple(axes))
+        self.groups.append(g)
+        return g
+
+    def add(self, g: Group, n: Node) -> None:
+        g.nodes.append(n)
+        self.group_of[n] = g
+        for src in self.source_groups(n):
+            if src is not g:
+                g.deps.add(src)
+
+    def source_groups(self, n: Node) -> set[Group]:
+        """Groups whose outputs n reads (directly or through free views)."""
+        out = set()
+        for v in n.inputs:
+            root = self.root(v)
+            p = self.defs.get(root)
+            if p is not None and p in self.group_of:
+                out.add(self.group_of[p])
+        return out
+
+    def root(self, v: Value) -> Value:
+        p = self.defs.get(v)
+        while p is not None and OPS[p.op].has("view"):
+            v = p.inputs[0]
+            p = self.defs.get(v)
+        return v
+
+    def reaches(self, start: Group, target: Group) -> bool:
+        stack, seen = [start], set()
+        while stack:
+            g = stack.pop()
+            if g is target:
+                return True
+            if g.index in seen:
+                continue
+            seen.add(g.index)
+            stack.extend(d for d in g.deps if d.index >= target.index)
+        return False
+
+    def acyclic(self, g: Group, n: Node) -> bool:
+        return not any(h is not g and self.reaches(h, g) for h in self.source_groups(n))
+
+    def internal_input(self, g: Group, v: Value) -> tuple[str, Value] | None:
+        """How n's input v relates to g: ('direct', v) when a g node produced it, ('reshaped',
+        inner) when it is a reshape of a value g computes over its whole space."""
+        p = self.defs.get(v)
+        if p is None:
+            return None
+        if self.group_of.get(p) is g:
+            return ("reshaped", v) if v in g.reshaped else ("direct", v)
+        if p.op == "reshape":
+            inner = p.inputs[0]
+            q = self.defs.get(inner)
+            if q is not None and self.group_of.get(q) is g and (inner.type.shape == g.space or inner in g.reshaped):
+                return ("reshaped", v)
+        return None
+
+    def fits(self, g: Group, n: Node) -> bool:
+        shape = n.outputs[0].type.shape
+        rels = [self.internal_input(g, v) for v in n.inputs]
+        if not any(rels):
+            return False
+        if g.kind == "reduction":
+            outer = tuple(1 if i in g.axes else s for i, s in enumerate(g.space))
+            if shape not in (g.space, outer) or any(r and r[0] == "reshaped" for r in rels):
+                return False
+            return all(_broadcasts_to(v.type.shape, shape) for v in n.inputs)
+        if g.kind in ("pointwise", "matmul", "attention"):
+            if shape == g.space and not any(r and r[0] == "reshaped" for r in rels):
+                return all(_broadcasts_to(v.type.shape, shape) for v in n.inputs)
+            if g.kind == "attention" or _numel(shape) != _numel(g.space):
+                return False
+            # computed in g's space through a reshape: every operand must re-view to the space
+            for v, r in zip(n.inputs, rels, strict=True):
+                if r is not None and r[0] == "reshaped":
+                    if v.type.shape != shape:
+                        return False
+                    continue
+                if r is not None and v.type.shape != g.space and v.type.rank != 0:
+                    return False
+                if not _broadcasts_to(v.type.shape, shape):
+                    return False
+                if v.type.rank and not _reviewable(v.type.shape, shape, g.space):
+                    return False
+            return True
+        return False
+
+    def run(self) -> list[Group]:
+        for n in self.graph.nodes:
+            d = OPS[n.op]
+            if _is_free(n.op):
+                continue
+            if d.has("anchor"):
+                self.add(self.new("matmul" if n.op == "matmul" else "attention", n.outputs[0].type.shape), n)
+            elif d.has("reduction") and n.op in ("sum", "max", "min", "prod"):
+                self.place_reduction(n)
+            elif d.has("elementwise") and len(n.outputs) == 1:
+                self.place_elementwise(n)
+            else:
+                self.add(self.new("single", n.outputs[0].type.shape if n.outputs else ()), n)
+        return self.groups
+
+    def place_reduction(self, n: Node) -> None:
+        x = n.inputs[0]
+        axes = tuple(n.attrs["axes"])
+        p = self.defs.get(x)
+        g = self.group_of.get(p) if p is not None else None
+        if (g is not None and x not in g.reshaped and x.type.shape == g.space and n.attrs["keepdim"]
+                and ((g.kind == "pointwise") or (g.kind == "reduction" and g.axes == axes))
+                and self.acyclic(g, n)):
+            g.kind, g.axes = "reduction", axes
+            self.add(g, n)
+            return
+        kind = "reduction" if n.attrs["keepdim"] and x.type.rank > 0 else "single"
+        self.add(self.new(kind, x.type.shape, axes if kind == "reduction" else ()), n)
+
+    def place_elementwise(self, n: Node) -> None:
+        candidates = []
+        for v in n.inputs:
+            root = v
+            p = self.defs.get(v)
+            if p is not None and p.op == "reshape":
+                root = p.inputs[0]
+            q = self.defs.get(root)
+            g = self.group_of.get(q) if q is not None else None
+            if g is not None and g not in candidates:
+                candidates.append(g)
+        order = {"matmul": 0, "attention": 0, "reduction": 1, "pointwise": 2}
+        candidates.sort(key=lambda g: (order.get(g.kind, 9), -g.index))
+        for g in candidates:
+            if g.kind == "single":
+                continue
+            if self.fits(g, n) and self.acyclic(g, n):
+                shape = n.outputs[0].type.shape
+                if shape != g.space and g.kind != "reduction":
+                    g.reshaped[n.outputs[0]] = shape
+                self.add(g, n)
+                return
+        self.add(self.new("pointwise", n.outputs[0].type.shape), n)
+
+
+def _numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _broadcasts_to(shape, target) -> bool:
+    if len(shape) > len(target):
+        return False
+    off = len(target) - len(shape)
+    return all(s in (1, target[off + i]) for i, s in enumerate(shape))
+
+
+def _reviewable(shape, out_shape, space) -> bool:
+    """Can a tensor of `shape`, broadcast to out_shape, be viewed in `space` with strides?"""
+    lay = Strided.contiguous(shape)
+    from ..ir import Attrs
+
+    lay = apply_view(lay, "expand", Attrs(shape=tuple(out_shape)))
+    return lay is not None and apply_view(lay, "reshape", Attrs(shape=tuple(space))) is not None
+
+
+def _group_order(groups: list[Group]) -> list[Group]:
+    """Topological order of the group DAG, earliest-created first among ready groups."""
+    import heapq
+
+    users: dict[int, list[Group]] = {g.index: [] for g in groups}
+    indeg = {g.index: 0 for g in groups}
+    for g in groups:
+        for d in g.deps:
+            users[d.index].append(g)
+            indeg[g.index] += 1
+    ready = [(g.index, g) for g in groups if indeg[g.index] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        out.append(g)
+        for u in users[g.index]:
+            indeg[u.index] -= 1
+            if indeg[u.index] == 0:
+                heapq.heappush(ready, (u.index, u))
+    if len(out) != len(groups):
+        raise AssertionError("fusion produced a cyclic group graph")
+    return out
+
+
+def fuse(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    from .fuse_body import make_kernel
+
+    ctx = ctx or PassContext()
+    graph = legalize_views(graph, ctx)
+    grouper = _Grouper(graph)
+    groups = _group_order(grouper.run())
+    defs = grouper.defs
+    escaping = set(graph.outputs) | {new for _, new in graph.mutations}
+    nodes: list[Node] = []
+    for g in groups:
+        member = set(g.nodes)
+        outs = []
+        for n in g.nodes:
+            for o in n.outputs:
+                if o in escaping or any(u not in member and not _is_free(u.op) for u in graph.users(o)) \
+                        or _used_by_free_outside(graph, o, member, grouper):
+                    outs.append(o)
+        if not outs:
+            continue
+        kernel, inputs = make_kernel(g, outs, defs, grouper, graph)
+        nodes.append(make_node("kernel", inputs, {"kernel": kernel}, meta={"source": g.nodes[0].meta.get("source", "")},
+                               out_types=[o.type for o in outs]))
+        # kernel outputs are the original values
+        nodes[-1] = Node("kernel", nodes[-1].inputs, nodes[-1].attrs, outs, nodes[-1].meta)
+        ctx.count(f"kernels_{g.kind}")
+    # views of graph inputs that are returned stay at the top level
+    keep_views = _escaping_views(graph, escaping, defs)
+    top = [n for n in graph.nodes if n in keep_views]
+    ctx.count("kernels", len(nodes))
+    return Graph(graph.inputs, top + nodes if not top else _merge_order(graph, top, nodes), graph.outputs,
+                 graph.mutations, graph.meta)
+
+
+def _used_by_free_outside(graph: Graph, v: Value, member: set, grouper: _Grouper) -> bool:
+    """Is v read, through views, by a node outside its group (or escaping)?"""
+    for u in graph.users(v):
+        if u in member:
+            continue
+        if _is_free(u.op):
+            for o in u.outputs:
+                if o in graph.outputs or any(new is o for _, new in graph.mutations):
+                    return True
+                if any(w not in member and not _is_free(w.op) for w in graph.users(o)):
+                    return True
+                if _used_by_free_outside(graph, o, member, grouper):
+                    return True
+    return False
+
+
+def _escaping_views(graph: Graph, escaping: set, defs: dict) -> set:
+    keep = set()
+    stack = [v for v in escaping]
+    while stack:
+        v = stack.pop()
+        p = defs.get(v)
+        if p is not None and OPS[p.op].has("view") and p not in keep:
+            keep.add(p)
+            stack.append(p.inputs[0])
+    return keep
+
+
+def _merge_order(graph: Graph, top: list[Node], kernels: list[Node]) -> list[Node]:
+    """Top-level views only view graph inputs, so they can all go first."""
+    return top + kernels

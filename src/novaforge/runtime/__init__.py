@@ -1,0 +1,1 @@
+"""Runtime: the reference interpreter and compiled programs."""
