@@ -1,1 +1,1 @@
-"""report"""
+"""Reports: explain (pass-level visibility), metrics, the memory plan, the demo."""
