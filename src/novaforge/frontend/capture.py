@@ -48,6 +48,14 @@ class _FnModule(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
+def _keep_source_lines_of(fn) -> None:
+    """torch.export keeps stack frames of `forward` methods only; mark a plain function's frames
+    as user code too, so errors and dumps can name its source lines."""
+    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if anchor is not None and hasattr(fn, "__code__"):
+        anchor(fn)
+
+
 def _mutating(gm: torch.fx.GraphModule) -> bool:
     for n in gm.graph.nodes:
         schema = getattr(n.target, "_schema", None)
@@ -72,6 +80,8 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
 def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False) -> Captured:
     kwargs = kwargs or {}
     mod = module if isinstance(module, torch.nn.Module) else _FnModule(module)
+    if not isinstance(module, torch.nn.Module):
+        _keep_source_lines_of(module)
     t0 = time.perf_counter()
     ep = _export(mod, tuple(args), kwargs)
     t1 = time.perf_counter()

@@ -80,7 +80,7 @@ def has_symbolic_shape(val: Any) -> bool:
 class InputSpec:
     """How one FX placeholder becomes a graph input."""
 
-    kind: str  # user | param | buffer | const
+    kind: str  # user | param | buffer | const | skip (an unused non-tensor placeholder)
     name: str
     tensor: torch.Tensor | None = None
 
@@ -241,6 +241,10 @@ def lower_fx(
         raise ValueError(f"{len(placeholders)} placeholders, {len(inputs)} input specs")
     graph_inputs: list[GraphInput] = []
     for ph, spec in zip(placeholders, inputs, strict=True):
+        if spec.kind == "skip":  # a non-tensor placeholder (e.g. a specialized SymInt)
+            if ph.users:
+                raise UnsupportedError(f"input {ph.name}: non-tensor graph inputs are not supported")
+            continue
         types = fake_types(ph.meta.get("val"))
         if spec.tensor is not None:
             t = TensorType.of(spec.tensor)

@@ -52,6 +52,9 @@ def layout(graph: Graph, ctx: PassContext | None = None) -> Graph:
         if repl is not None and repl.type == out.type:
             rw.replace(out, repl)
             changed += 1
+            for node in rw.nodes[-1:]:
+                for o in node.outputs:
+                    defs.setdefault(o, node)
             continue
         node = rw.keep(n)
         for o in node.outputs:

@@ -93,6 +93,9 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
         if repl is not None and repl.type == n.outputs[0].type:
             rw.replace(n.outputs[0], repl)
             changed += 1
+            for node in rw.nodes[-2:]:
+                for o in node.outputs:
+                    defs.setdefault(o, node)
             continue
         node = rw.keep(n)
         for o in node.outputs:

@@ -1,0 +1,113 @@
+"""`novaforge.explain`: what the compiler did, pass by pass, in one printable report.
+
+Sections: capture (ATen ops, IR nodes, times), passes (per-pass time, nodes before/after,
+counters), kernels (each fused kernel with the ops inside, its executor, FLOPs, bytes and
+arithmetic intensity; identical kernels grouped by structural key), externs with their reason,
+the memory plan, and the headline metrics (fusion gain ratio = ATen ops / launches per call).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .metrics import kernel_rows, metrics
+
+
+@dataclass
+class Report:
+    stats: Any
+    metrics: dict[str, Any]
+    max_kernels: int = 40
+
+    def __str__(self) -> str:
+        return format_report(self.stats, self.metrics, self.max_kernels)
+
+    def summary(self) -> str:
+        m = self.metrics
+        return (f"{m['aten_ops']} ATen ops -> {m['kernels']} kernels ({m['distinct_kernels']} distinct), "
+                f"{m['launches']} launches/call, fusion gain ratio {m['fusion_gain_ratio']:.2f}, "
+                f"{len(m['externs'])} externs")
+
+
+def explain(model: Any, *args: Any, freeze: bool = True, backend: str = "auto", **kwargs: Any) -> Report:
+    """Compile `model` for `args`/`kwargs` and return the report (print it)."""
+    from ..api import CompiledModule
+
+    compiled = model if isinstance(model, CompiledModule) else CompiledModule(model, freeze=freeze, backend=backend)
+    compiled(*args, **kwargs)
+    stats = compiled.stats()
+    return Report(stats, metrics(stats))
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
+    lines: list[str] = []
+    t = stats.times
+    lines.append("== novaforge compile report ==")
+    lines.append(f"backend: {stats.backend}    total compile {t.get('total_s', 0):.2f} s "
+                 f"(export {t.get('export_s', 0):.2f} s, functionalize {t.get('functionalize_s', 0):.2f} s, "
+                 f"lower {t.get('lower_s', 0):.2f} s, passes {t.get('passes_s', 0):.2f} s, "
+                 f"codegen+build {t.get('codegen_s', 0):.2f} s)")
+    lines.append(f"captured: {m['aten_ops']} ATen ops -> {m['ir_nodes_captured']} IR nodes")
+    lines.append("")
+    lines.append("-- passes --")
+    lines.append(f"{'pass':<16}{'ms':>9}{'nodes':>15}{'values':>15}  effect")
+    for r in stats.records:
+        eff = ", ".join(f"{k} {v}" for k, v in r.counters.items() if v and not k.endswith("_bytes"))
+        byts = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in r.counters.items() if k.endswith("_bytes"))
+        lines.append(f"{r.name:<16}{r.ms:>9.2f}{r.nodes_before:>7} -> {r.nodes_after:<5}"
+                     f"{r.values_before:>7} -> {r.values_after:<5}  {eff}{'; ' if eff and byts else ''}{byts}")
+    lines.append("")
+    rows = kernel_rows(stats.graph)
+    groups: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+    for r in rows:
+        groups.setdefault(r["key"], []).append(r)
+    lines.append(f"-- kernels: {len(rows)} launches of {len(groups)} distinct kernels --")
+    lines.append(f"{'#':>3} {'x':>3}  {'kernel':<24}{'kind':<11}{'executor':<10}{'MFLOP':>9}{'KiB':>10}"
+                 f"{'flop/B':>8}  ops")
+    schedules = getattr(stats.program, "schedules", {}) if stats.program is not None else {}
+    for i, (key, rs) in enumerate(groups.items()):
+        if i >= max_kernels:
+            lines.append(f"    ... {len(groups) - max_kernels} more distinct kernels")
+            break
+        r = rs[0]
+        ai = r["flops"] / max(r["bytes"], 1)
+        ops = " ".join(r["ops"])
+        if len(ops) > 60:
+            ops = ops[:57] + "..."
+        lines.append(f"{i:>3} {len(rs):>3}  {r['name'][:23]:<24}{r['kind']:<11}{r['executor']:<10}"
+                     f"{r['flops'] / 1e6:>9.2f}{r['bytes'] / 1024:>10.1f}{ai:>8.2f}  {ops}")
+        sched = schedules.get(key) if isinstance(schedules, dict) else None
+        if sched is not None:
+            lines.append(f"          schedule: {sched}")
+    lines.append("")
+    lines.append("-- extern ops (ATen calls kept as is) --")
+    if not m["externs"]:
+        lines.append("none")
+    else:
+        counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        for target, reason in m["externs"]:
+            counts[(target, reason)] = counts.get((target, reason), 0) + 1
+        for (target, reason), c in counts.items():
+            lines.append(f"{c:>4} x {target}: {reason}")
+    lines.append("")
+    plan = stats.graph.meta.get("memory_plan")
+    lines.append("-- memory plan --")
+    lines.append(plan.summary() if plan is not None else "none")
+    lines.append("")
+    lines.append("-- metrics --")
+    lines.append(f"fusion gain ratio {m['fusion_gain_ratio']:.2f} = {m['aten_ops']} ATen ops / {m['launches']} launches "
+                 f"({', '.join(f'{k} {v}' for k, v in m['kernels_by_kind'].items())}); "
+                 f"device transitions {m['transitions']}")
+    return "\n".join(lines)

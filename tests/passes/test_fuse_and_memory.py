@@ -1,0 +1,156 @@
+"""Fusion groups and the memory plan: kernel kinds and counts for the patterns that matter,
+results unchanged (interpreter before/after), and a verifier for the memory plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from novaforge.ir import verify
+from novaforge.passes.context import PassContext
+from novaforge.passes.fuse import fuse
+from novaforge.passes.pipeline import graph_passes, run_pipeline
+from novaforge.passes.plan_memory import MemoryPlan, PlanError, plan_memory, verify_plan
+from novaforge.runtime.interpret import interpret
+
+from nf_testing import captured_graph, check_pass
+
+
+def optimized(fn, *args, freeze=False):
+    g = captured_graph(fn, *args, freeze=freeze)
+    g, _ = run_pipeline(g, graph_passes())
+    return g
+
+
+def kernels(g):
+    return [n.attrs["kernel"] for n in g.nodes if n.op == "kernel"]
+
+
+def test_layernorm_softmax_gelu_are_one_kernel_each():
+    ln = torch.nn.LayerNorm(32)
+    lin = torch.nn.Linear(32, 32)
+
+    def fn(x):
+        h = lin(ln(x))                           # layernorm | matmul
+        s = torch.softmax(h, -1)                 # softmax (reads the matmul output)
+        return torch.nn.functional.gelu(s @ h.transpose(-1, -2), approximate="tanh")
+
+    x = torch.randn(4, 8, 32)
+    g = optimized(fn, x)
+    out = check_pass(fuse, g, _bind(g, [x], torch.nn.ModuleList([ln, lin])), atol=1e-6)
+    names = [k.name for k in kernels(out)]
+    assert names == ["layernorm", "matmul_add", "softmax", "matmul_gelu"], names
+
+
+def test_reductions_over_the_same_rows_share_a_kernel():
+    def fn(x):
+        h = torch.nn.functional.layer_norm(x, (32,))
+        return torch.softmax(h, -1)
+
+    x = torch.randn(4, 8, 32)
+    g = optimized(fn, x)
+    out = check_pass(fuse, g, [x])
+    ks = kernels(out)
+    assert len(ks) == 1 and ks[0].kind == "reduction"
+    assert [n.op for n in ks[0].body.nodes].count("sum") == 3
+
+
+def _bind(g, users, module):
+    params = iter([p.detach() for p in module.parameters()])
+    it = iter(users)
+    return [next(it) if gi.kind == "user" else next(params) for gi in g.inputs if gi.kind != "const"]
+
+
+def test_matmul_epilogue_bias_gelu_residual():
+    lin = torch.nn.Linear(16, 24)
+
+    def fn(x, r):
+        return torch.nn.functional.gelu(lin(x)) + r
+
+    x, r = torch.randn(3, 5, 16), torch.randn(3, 5, 24)
+    g = optimized(fn, x, r)
+    out = check_pass(fuse, g, _bind(g, [x, r], lin))
+    ks = kernels(out)
+    assert len(ks) == 1 and ks[0].kind == "matmul"
+    assert [n.op for n in ks[0].body.nodes if n.op not in ("permute", "scalar")] == ["matmul", "add", "gelu", "add"]
+
+
+def test_epilogue_through_reshape_of_the_matmul_output():
+    def fn(x, w, b, r):
+        y = torch.addmm(b, x.view(-1, 16), w).view(2, 3, 8)  # GPT-2 Conv1D style
+        return y + r
+
+    x, w, b, r = torch.randn(2, 3, 16), torch.randn(16, 8), torch.randn(8), torch.randn(2, 3, 8)
+    g = optimized(fn, x, w, b, r)
+    out = check_pass(fuse, g, [x, w, b, r])
+    ks = kernels(out)
+    assert len(ks) == 1 and ks[0].kind == "matmul"
+
+
+def test_rmsnorm_and_silu_gate():
+    def fn(x, w, a, b):
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        return rms, torch.nn.functional.silu(a) * b
+
+    x, w, a, b = torch.randn(4, 16), torch.randn(16), torch.randn(4, 32), torch.randn(4, 32)
+    g = optimized(fn, x, w, a, b)
+    out = check_pass(fuse, g, [x, w, a, b])
+    names = sorted(k.name for k in kernels(out))
+    assert names == ["rmsnorm", "silu_mul"], names
+
+
+def test_no_cycles_and_non_strided_views_are_copied():
+    def fn(x, y):
+        a = x.exp()
+        t = a.transpose(0, 1).reshape(-1)      # not expressible with strides -> copy
+        s = a.sum(-1, keepdim=True)            # reduction of a
+        return t, a + s * y
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    g = optimized(fn, x, y)
+    ctx = PassContext()
+    out = check_pass(fuse, g, [x, y], ctx)
+    verify(out)
+    assert ctx.counters.get("copies_inserted", 0) >= 1
+
+
+def test_memory_plan_never_overlaps_live_buffers():
+    lin1, lin2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def fn(x):
+        h = torch.relu(lin1(x))
+        h2 = torch.softmax(lin2(h) + x, -1)
+        return torch.nn.functional.layer_norm(h2 * 2 + 1, (32,)) * h2
+
+    x = torch.randn(8, 32)
+    g = captured_graph(fn, x)
+    g, _ = run_pipeline(g)
+    plan: MemoryPlan = g.meta["memory_plan"]
+    verify_plan(plan)
+    assert plan.arena_bytes <= plan.sum_bytes
+    # corrupt the plan: put two live buffers at the same offset -> the verifier must catch it
+    vals = sorted(plan.offsets, key=lambda v: plan.intervals[v])
+    for a in vals:
+        for b in vals:
+            ia, ib = plan.intervals[a], plan.intervals[b]
+            if a is not b and ia[0] <= ib[1] and ib[0] <= ia[1] and plan.inplace.get(a) is not b and plan.inplace.get(b) is not a:
+                bad = MemoryPlan(plan.arena_bytes, dict(plan.offsets), plan.sizes, plan.intervals, plan.fresh, plan.inplace)
+                bad.offsets[b] = bad.offsets[a]
+                with pytest.raises(PlanError):
+                    verify_plan(bad)
+                return
+    pytest.skip("no two buffers live at once")
+
+
+def test_full_pipeline_keeps_results_on_a_small_model():
+    model = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, 32)
+    g = captured_graph(model, x, freeze=True)
+    g2, records = run_pipeline(g, options={}, check=True)
+    assert [r.name for r in records][-4:] == ["fuse", "place", "order", "plan_memory"]
+    with torch.no_grad():
+        ref = model(x)
+    (out,) = interpret(g2, [x])
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert len(g2.nodes) < len(g.nodes) / 3
+    _ = plan_memory
