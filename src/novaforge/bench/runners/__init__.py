@@ -1,0 +1,97 @@
+"""The runner registry: what each runner is, which package it needs, where it applies.
+
+This module imports nothing heavy (no torch, no peer package), so the parent process of a
+benchmark can plan, and report missing packages as skipped, without loading any runner.
+A runner's implementation is a class in one module per runner family, loaded by name inside
+the fresh worker process that measures it (`load_runner`).
+
+Invariant: every name in `RUNNERS` resolves to a class with `inference`, `training` and/or
+`matmul` methods matching the kinds it declares; `not_applicable` returns a reason string
+exactly when the runner cannot run that (kind, device, dtype), never raising.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    name: str
+    module: str  # novaforge.bench.runners.<module>
+    cls: str
+    requires: tuple[str, ...]  # importable top-level modules the runner needs
+    kinds: frozenset[str]  # inference / training / matmul
+    devices: frozenset[str]  # cpu / cuda
+    dtypes: frozenset[str]  # float32 / bfloat16
+    in_all_devices: frozenset[str]  # devices on which `--runner all` includes it
+    description: str
+
+    def not_applicable(self, kind: str, device: str, dtype: str) -> str | None:
+        if kind not in self.kinds:
+            return f"{self.name} has no {kind} runner"
+        if device not in self.devices:
+            return f"{self.name} runs on {'/'.join(sorted(self.devices))} only"
+        if dtype not in self.dtypes:
+            return f"{self.name} does not run {dtype} here"
+        return None
+
+    def missing_package(self) -> str | None:
+        for mod in self.requires:
+            if importlib.util.find_spec(mod) is None:
+                return f"package '{mod}' is not installed (pip install -e .[bench])"
+        return None
+
+
+_ALL = frozenset({"cpu", "cuda"})
+_CPU = frozenset({"cpu"})
+_BOTH_DT = frozenset({"float32", "bfloat16"})
+
+RUNNERS: dict[str, RunnerSpec] = {s.name: s for s in [
+    RunnerSpec("novaforge", "novaforge_runner", "NovaforgeRunner", ("torch",),
+               frozenset({"inference", "training", "matmul"}), _ALL, _BOTH_DT, _ALL,
+               "novaforge.compile (freeze=True for inference)"),
+    RunnerSpec("eager", "torch_runners", "EagerRunner", ("torch",),
+               frozenset({"inference", "training", "matmul"}), _ALL, _BOTH_DT, _ALL,
+               "PyTorch eager (torch.matmul for the matmul sweep)"),
+    RunnerSpec("torch-compile", "torch_runners", "TorchCompileRunner", ("torch",),
+               frozenset({"inference", "training"}), _ALL, _BOTH_DT, _ALL,
+               "torch.compile, default mode"),
+    RunnerSpec("torch-compile-freeze", "torch_runners", "TorchCompileFreezeRunner", ("torch",),
+               frozenset({"inference"}), _ALL, _BOTH_DT, _ALL,
+               "torch.compile with inductor freezing, inside torch.inference_mode()"),
+    RunnerSpec("onnxruntime", "onnxruntime_runner", "OnnxRuntimeRunner", ("onnxruntime", "onnxscript", "onnx"),
+               frozenset({"inference"}), _CPU, frozenset({"float32"}), _CPU,
+               "torch.onnx.export(dynamo=True) + ONNX Runtime CPU, ORT_ENABLE_ALL"),
+    RunnerSpec("openvino", "openvino_runner", "OpenVinoRunner", ("openvino",),
+               frozenset({"inference"}), _CPU, _BOTH_DT, _CPU,
+               "ov.convert_model(dynamo=True) + OpenVINO CPU, LATENCY, precision hint = --dtype"),
+    RunnerSpec("jax", "jax_runner", "JaxRunner", ("jax",),
+               frozenset({"training"}), _ALL, _BOTH_DT, frozenset({"cuda"}),
+               "the same GPT written in JAX, jit-compiled by XLA, AdamW written out"),
+]}
+
+# the runner every other one is compared against, per workload kind
+BASELINE = "eager"
+
+
+def expand(names: list[str], kind: str, device: str) -> list[str]:
+    """`all` -> every runner applicable on this device that `all` includes there; keeps order, no repeats."""
+    out: list[str] = []
+    for n in names:
+        if n == "all":
+            cand = [s.name for s in RUNNERS.values() if device in s.in_all_devices and kind in s.kinds]
+        else:
+            if n not in RUNNERS:
+                raise ValueError(f"unknown runner {n!r}; known: {', '.join(RUNNERS)} or all")
+            cand = [n]
+        out.extend(c for c in cand if c not in out)
+    return out
+
+
+def load_runner(name: str):
+    spec = RUNNERS[name]
+    module = importlib.import_module(f"{__name__}.{spec.module}")
+    return getattr(module, spec.cls)()

@@ -1,0 +1,170 @@
+"""Markdown tables of aggregated benchmark rows, and the novaforge compiler-metrics block.
+
+One table per workload kind (inference, training, matmul), rows grouped by case in the order
+they were run; ratios are against the eager runner of the same case in the same run.
+
+Invariant: rendering only reads the rows (never recomputes a measurement), and every row,
+skipped and failed ones included, appears with its status and reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    """About `digits` significant digits without exponent notation for ordinary magnitudes."""
+    if x is None:
+        return "–"
+    ax = abs(x)
+    if ax == 0:
+        return "0"
+    if ax >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    if ax < 1e-3:
+        return f"{x:.1e}"
+    decimals = digits - 1 - int(f"{ax:e}".split("e")[1])
+    return f"{x:.{max(decimals, 0)}f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _setup(r: dict[str, Any]) -> str:
+    if r.get("setup_cold_s") is not None or r.get("setup_warm_s") is not None:
+        parts = [f"{k} {fmt_num(r.get(f'setup_{k}_s'))}" for k in ("cold", "warm") if r.get(f"setup_{k}_s") is not None]
+        return " / ".join(parts)
+    vals = r.get("setup_s") or []
+    if not vals:
+        return "–"
+    lo, hi = min(vals), max(vals)
+    return fmt_num(lo) if fmt_num(lo) == fmt_num(hi) else f"{fmt_num(lo)}–{fmt_num(hi)}"
+
+
+def _note(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"{r['status']}: {r.get('reason', '')}".replace("|", "/")
+    notes = []
+    if r.get("capped"):
+        notes.append(f"time budget: {r['calls']} calls")
+    if r.get("failed_processes"):
+        notes.append(f"{r['failed_processes']} process(es) failed: {r.get('reason', '')}")
+    if r.get("energy_j_per_call") is not None:
+        notes.append(f"{fmt_num(r['energy_j_per_call'])} J/call")
+    return "; ".join(notes).replace("|", "/")
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    x = r.get("speedup_vs_eager")
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def _procs(r: dict[str, Any]) -> str:
+    return " / ".join(fmt_num(x) for x in r.get("proc_medians_ms", [])) or "–"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header))] + [_row(b) for b in body]
+
+
+def inference_table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ["case", "runner", "median ms", "per-process medians", "min–max ms", "vs eager", "setup s",
+              "peak MB", "max abs diff", "note"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            body.append([r["case"], r["runner"]] + ["–"] * 7 + [_note(r)])
+            continue
+        body.append([r["case"], r["runner"], fmt_num(r["median_ms"]), _procs(r),
+                     f"{fmt_num(r['min_ms'])}–{fmt_num(r['max_ms'])}", _ratio(r), _setup(r),
+                     fmt_num(r["peak_mem_mb"], 4), fmt_num(r.get("max_abs_diff"), 2), _note(r)])
+    return _table(header, body)
+
+
+def training_table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ["case", "runner", "ms/step", "tokens/s", "per-process medians", "vs eager", "setup s (1st step)",
+              "peak MB", "loss Δ vs eager (1st / max)", "note"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            body.append([r["case"], r["runner"]] + ["–"] * 7 + [_note(r)])
+            continue
+        loss = "–"
+        if r.get("loss_diff_first_step") is not None:
+            loss = f"{fmt_num(r['loss_diff_first_step'], 2)} / {fmt_num(r['loss_diff_max'], 2)}"
+        body.append([r["case"], r["runner"], fmt_num(r["median_ms"]), fmt_num(r.get("tokens_per_s")), _procs(r),
+                     _ratio(r), _setup(r), fmt_num(r["peak_mem_mb"], 4), loss, _note(r)])
+    return _table(header, body)
+
+
+def matmul_table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ["shape (MxKxN)", "runner", "median ms", "GFLOP/s", "vs torch", "setup s", "max rel diff", "note"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            body.append([r["case"], r["runner"]] + ["–"] * 5 + [_note(r)])
+            continue
+        body.append([r["case"], r["runner"], fmt_num(r["median_ms"]), fmt_num(r.get("gflops")), _ratio(r),
+                     _setup(r), fmt_num(r.get("max_rel_diff"), 2), _note(r)])
+    return _table(header, body)
+
+
+def _grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of one case together, cases in first-seen order, runners in first-seen order."""
+    cases: list[str] = []
+    for r in rows:
+        if r["case"] not in cases:
+            cases.append(r["case"])
+    return sorted(rows, key=lambda r: cases.index(r["case"]))
+
+
+def metrics_lines(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in rows:
+        m = r.get("metrics")
+        if r["runner"] != "novaforge" or not m:
+            continue
+        by_kind = sorted((m.get("kernels_by_kind") or {}).items(), key=lambda kv: -kv[1])
+        kinds = ", ".join(f"{k} {v}" for k, v in by_kind)
+        externs = m.get("externs") or []
+        ext = ", ".join(sorted({e[0] if isinstance(e, list) else str(e) for e in externs})) or "none"
+        arena, total = m.get("arena_bytes"), m.get("sum_intermediate_bytes")
+        share = f" ({100 * arena / total:.1f}%)" if arena is not None and total else ""
+        times = m.get("compile_s") or {}
+        comp = ", ".join(f"{k.removesuffix('_s')} {fmt_num(v)}" for k, v in times.items() if k != "total_s")
+        passes = sorted(m.get("pass_ms") or [], key=lambda p: -p[1])[:6]
+        pass_txt = ", ".join(f"{name} {fmt_num(ms)}" for name, ms in passes)
+        out.append(f"- **{r['case']}** (backend {m.get('backend')}): fusion gain ratio "
+                   f"{fmt_num(m.get('fusion_gain_ratio'))} "
+                   f"({m.get('aten_ops')} ATen ops / {m.get('launches')} launches); "
+                   f"kernels {m.get('kernels')} ({kinds}), {m.get('distinct_kernels')} distinct; "
+                   f"library calls {m.get('library_calls')}; extern ops {len(externs)}: {ext}; "
+                   f"arena {fmt_bytes(arena)} vs {fmt_bytes(total)} sum of intermediates{share}; "
+                   f"device transitions {m.get('transitions')}; compile {fmt_num(times.get('total_s'))} s ({comp}); "
+                   f"slowest passes ms: {pass_txt}")
+    return out
+
+
+def render(payload: dict[str, Any]) -> str:
+    rows = payload["rows"]
+    o = payload.get("options", {})
+    gpu = f"; GPU {payload['gpu']}" if payload.get("gpu") else ""
+    lines = [f"novaforge bench — {payload.get('date', '')}, device {o.get('device')}, dtype {o.get('dtype')}, "
+             f"{o.get('threads')} threads, {o.get('procs')} processes per case, "
+             f"novaforge backend {o.get('nf_backend')}",
+             f"machine: {payload.get('machine', {}).get('cpu', '?')}{gpu}"]
+    for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table)):
+        mine = _grouped([r for r in rows if r.get("kind") == kind])
+        if mine:
+            lines += ["", f"### {kind}", ""] + render_kind(mine)
+    mlines = metrics_lines(rows)
+    if mlines:
+        lines += ["", "### novaforge compiler metrics", ""] + mlines
+    return "\n".join(lines)
