@@ -83,6 +83,8 @@ class CompiledModule:
         flat, spec = pytree.tree_flatten((args, kwargs))
         key = (spec, _signature(flat), torch.is_grad_enabled())
         entry = self._programs.get(key)
+        if entry is not None and not entry.frozen_still_valid():
+            entry = None  # a frozen parameter was modified in place: its constants are stale
         if entry is None:
             entry = self._compile(args, kwargs)
             self._programs[key] = entry
@@ -123,6 +125,10 @@ class _Entry:
                 ref += 1
         self.n_out = len(g.outputs)
         self.mut_targets = self._mutation_targets(g)
+        self.frozen = [(t, t._version) for t in self.captured.frozen]
+
+    def frozen_still_valid(self) -> bool:
+        return all(t._version == v for t, v in self.frozen)
 
     def _mutation_targets(self, g: Graph) -> list[tuple[str, int]]:
         pos: dict[Any, tuple[str, int]] = {}

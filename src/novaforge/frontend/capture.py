@@ -37,6 +37,7 @@ class Captured:
     externs: list[tuple[str, str]]
     times: dict[str, float] = field(default_factory=dict)
     mutated_inputs: list[int] = field(default_factory=list)
+    frozen: list[torch.Tensor] = field(default_factory=list)  # module tensors baked in as constants
 
 
 class _FnModule(torch.nn.Module):
@@ -95,12 +96,17 @@ def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: boo
     buffers = dict(mod.named_buffers(remove_duplicate=False))
     specs: list[InputSpec] = []
     refs: list[torch.Tensor] = []
+    frozen: list[torch.Tensor] = []
     user_index = 0
     ph_index: dict[str, int] = {}
     user_ph: list[int] = []
     for i, s in enumerate(sig.input_specs):
         ph_index[s.arg.name] = i
-        if s.kind == InputKind.USER_INPUT:
+        if s.kind == InputKind.USER_INPUT and not isinstance(getattr(s.arg, "name", None), str):
+            specs.append(InputSpec("skip", "constant"))
+        elif s.kind == InputKind.USER_INPUT and not isinstance(_placeholder_val(ep, s.arg.name), torch.Tensor):
+            specs.append(InputSpec("skip", s.arg.name))  # a non-tensor argument, specialized by export
+        elif s.kind == InputKind.USER_INPUT:
             specs.append(InputSpec("user", f"input{user_index}"))
             user_ph.append(i)
             user_index += 1
@@ -112,6 +118,7 @@ def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: boo
                 raise CaptureError(f"cannot find {s.kind.name.lower()} {s.target}")
             if freeze:
                 specs.append(InputSpec("const", s.target, t.detach()))
+                frozen.append(t)
             else:
                 specs.append(InputSpec("param" if s.kind == InputKind.PARAMETER else "buffer", s.target))
                 refs.append(t)
@@ -160,7 +167,15 @@ def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: boo
         externs=ctx.externs,
         times={"export_s": t1 - t0, "functionalize_s": t2 - t1, "lower_s": t3 - t2},
         mutated_inputs=mutated_user,
+        frozen=frozen,
     )
+
+
+def _placeholder_val(ep, name: str):
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" and n.name == name:
+            return n.meta.get("val")
+    return None
 
 
 def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:

@@ -1,0 +1,128 @@
+"""novaforge.compile: guards and recompilation, freezing, gradients, mutations, pytrees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import novaforge
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.ln = torch.nn.LayerNorm(8)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.ln(torch.relu(self.lin(x)) * scale)
+
+
+BACKEND = "interpret"
+
+
+def test_shape_and_dtype_changes_recompile():
+    m = Small().eval()
+    c = novaforge.compile(m, backend=BACKEND)
+    with torch.no_grad():
+        for shape in [(2, 8), (5, 8), (2, 8), (3, 4, 8)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(c(x), m(x))
+        assert c.compilations == 3
+        c(torch.randn(2, 8, dtype=torch.float64).float())
+        assert c.compilations == 3
+        xt = torch.randn(8, 2).t()  # non-contiguous: a new guard (strides)
+        torch.testing.assert_close(c(xt), m(xt))
+        assert c.compilations == 4
+        torch.testing.assert_close(c(torch.ones(2, 8), scale=2.0), m(torch.ones(2, 8), scale=2.0))
+        assert c.compilations == 5
+
+
+def test_parameters_are_read_at_each_call_unless_frozen():
+    m = Small().eval()
+    live = novaforge.compile(m, backend=BACKEND)
+    frozen = novaforge.compile(m, backend=BACKEND, freeze=True)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        a0, f0 = live(x), frozen(x)
+        m.lin.weight.mul_(2)
+        torch.testing.assert_close(live(x), m(x))
+        assert not torch.allclose(live(x), a0)
+        n = frozen.compilations
+        torch.testing.assert_close(frozen(x), m(x))  # frozen constants went stale: recompiled
+        assert frozen.compilations == n + 1 and not torch.allclose(frozen(x), f0)
+
+
+def test_gradients_flow_and_are_not_detached():
+    m = Small()
+    c = novaforge.compile(m, backend=BACKEND)
+    x = torch.randn(4, 8, requires_grad=True)
+    c(x).pow(2).sum().backward()
+    gx, gw = x.grad.clone(), m.lin.weight.grad.clone()
+    x.grad = None
+    m.zero_grad()
+    m(x).pow(2).sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, m.lin.weight.grad)
+
+
+def test_buffer_mutation_is_written_back():
+    bn = torch.nn.BatchNorm1d(6).train()
+    ref = torch.nn.BatchNorm1d(6).train()
+    ref.load_state_dict(bn.state_dict())
+    c = novaforge.compile(bn, backend=BACKEND)
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), ref(x))
+        torch.testing.assert_close(c(x * 2), ref(x * 2))
+    torch.testing.assert_close(bn.running_mean, ref.running_mean)
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+    assert int(bn.num_batches_tracked) == int(ref.num_batches_tracked) == 2
+
+
+def test_freeze_with_buffer_updates_is_refused():
+    with pytest.raises(novaforge.CaptureError, match="buffer"):
+        novaforge.compile(torch.nn.BatchNorm1d(4).train(), backend=BACKEND, freeze=True)(torch.randn(3, 4))
+
+
+def test_user_input_mutation_and_pytree_outputs():
+    def fn(d, y):
+        d["a"].add_(1)
+        return {"sum": d["a"] + y, "pair": (y * 2, d["b"].sum())}
+
+    d = {"a": torch.zeros(3), "b": torch.ones(2, 2)}
+    c = novaforge.compile(fn, backend=BACKEND)
+    out = c(d, torch.ones(3))
+    assert set(out) == {"sum", "pair"}
+    torch.testing.assert_close(out["sum"], torch.full((3,), 2.0))
+    torch.testing.assert_close(out["pair"][1], torch.tensor(4.0))
+    torch.testing.assert_close(d["a"], torch.ones(3))  # mutation written back to the user's tensor
+
+
+def test_outputs_are_fresh_tensors():
+    c = novaforge.compile(lambda x: x * 2 + 1, backend=BACKEND)
+    x = torch.randn(4)
+    a = c(x)
+    b = c(x + 1)
+    torch.testing.assert_close(a, x * 2 + 1)
+    assert a.data_ptr() != b.data_ptr()
+
+
+def test_decorator_and_module_attribute_passthrough():
+    @novaforge.compile(backend=BACKEND)
+    def f(x):
+        return torch.tanh(x) * 3
+
+    torch.testing.assert_close(f(torch.ones(2)), torch.tanh(torch.ones(2)) * 3)
+    m = Small()
+    assert novaforge.compile(m).lin is m.lin
+
+
+def test_explain_report_lists_passes_kernels_and_metrics():
+    m = Small().eval()
+    rep = novaforge.explain(m, torch.randn(2, 8), backend=BACKEND)
+    text = str(rep)
+    for section in ("-- passes --", "-- kernels:", "-- memory plan --", "fusion gain ratio", "fuse", "layernorm"):
+        assert section in text, section
+    assert rep.metrics["kernels"] == 2  # matmul+bias+relu (+scale), layernorm
+    assert rep.metrics["fusion_gain_ratio"] >= 2
