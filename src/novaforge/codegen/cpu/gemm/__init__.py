@@ -1,0 +1,29 @@
+"""novaforge's CPU float32 GEMM: a BLIS-style packed-B kernel library (C API in nf_gemm.h).
+
+Invariant: this package only builds/loads the C library and wraps it; generated code talks to
+the same library through nf_gemm.h (include_dir(), link_args()), so Python and generated C++
+always run the same compiled kernels. See docs/cpu-gemm.md.
+"""
+
+from __future__ import annotations
+
+from .build import ACTS, cache_sizes, include_dir, library_path, link_args, load, source_files
+from .ops import PackedB, blocking, bmm, isa, matmul, matmul_block, pack_b, panel_width
+
+__all__ = [
+    "ACTS",
+    "PackedB",
+    "blocking",
+    "bmm",
+    "cache_sizes",
+    "include_dir",
+    "isa",
+    "library_path",
+    "link_args",
+    "load",
+    "matmul",
+    "matmul_block",
+    "pack_b",
+    "panel_width",
+    "source_files",
+]

@@ -1,0 +1,219 @@
+"""Compile, cache and load the CPU GEMM library (nf_gemm.cpp) as a shared object.
+
+Invariant: a cached library is only ever used for exactly the sources, flags, compiler and CPU
+it was built from (all part of its file name), it is written with an atomic rename, and it is
+verified (size + sha256 sidecar) before being loaded; anything that fails verification or
+loading is rebuilt, never trusted. Generated C++ can `#include "nf_gemm.h"` from
+`include_dir()` and link `library_path()` (or compile `source_files()` itself).
+
+Environment: NOVAFORGE_CACHE_DIR (default ~/.cache/novaforge), CXX (default g++),
+NOVAFORGE_GEMM_ISA = native (default) | avx2 (no AVX-512 even where present) | generic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+SOURCES = ("nf_gemm.cpp",)
+HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h")
+BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
+ISA_FLAGS = {
+    "native": ("-march=native",),
+    "avx2": ("-march=native", "-DNF_GEMM_NO_AVX512"),
+    "generic": ("-march=x86-64", "-mtune=generic") if os.uname().machine == "x86_64" else (),
+}
+_lock = threading.Lock()
+
+
+def include_dir() -> Path:
+    """Directory holding nf_gemm.h (pass as -I to generated code)."""
+    return _HERE
+
+
+def source_files() -> list[Path]:
+    return [_HERE / s for s in SOURCES]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NOVAFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "novaforge")
+    d = Path(root) / "gemm"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def isa_choice() -> str:
+    isa = os.environ.get("NOVAFORGE_GEMM_ISA", "native")
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"NOVAFORGE_GEMM_ISA={isa!r}; expected one of {sorted(ISA_FLAGS)}")
+    return isa
+
+
+def compile_flags(isa: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    return [*BASE_FLAGS, *ISA_FLAGS[isa or isa_choice()], *extra]
+
+
+@functools.cache
+def _compiler_version(cxx: str) -> str:
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()[0] if out.stdout else cxx
+
+
+@functools.cache
+def _cpu_identity() -> str:
+    """What -march=native depends on: the CPU model and feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.uname().machine
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def build_key(isa: str | None = None, extra: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    for name in (*SOURCES, *HEADERS):
+        h.update(name.encode() + b"\0" + (_HERE / name).read_bytes() + b"\0")
+    cxx = compiler()
+    h.update("\0".join([cxx, _compiler_version(cxx), *compile_flags(isa, extra), _cpu_identity()]).encode())
+    return h.hexdigest()[:24]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(so: Path) -> bool:
+    side = so.with_suffix(".sha256")
+    try:
+        return so.is_file() and side.read_text().strip() == _sha256(so)
+    except OSError:
+        return False
+
+
+def library_path(isa: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """Path of the compiled library for the current sources/flags/CPU; builds it if missing or corrupt.
+
+    `extra` adds compiler flags (tests use -DNF_GEMM_MR=.. to run other tile heights)."""
+    isa = isa or isa_choice()
+    so = cache_dir() / f"libnf_gemm-{isa}-{build_key(isa, extra)}.so"
+    with _lock:
+        if not _verified(so):
+            _compile(so, isa, extra)
+    return so
+
+
+def _compile(so: Path, isa: str, extra: tuple[str, ...]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=so.stem + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        cmd = [compiler(), *compile_flags(isa, extra), *map(str, source_files()), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"nf_gemm build failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        digest = _sha256(Path(tmp))
+        side_tmp = tmp + ".sha256"
+        Path(side_tmp).write_text(digest)
+        os.replace(tmp, so)
+        os.replace(side_tmp, so.with_suffix(".sha256"))
+    finally:
+        for p in (tmp, tmp + ".sha256"):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def link_args(isa: str | None = None) -> list[str]:
+    """Linker arguments for a generated shared library that calls nf_gemm (absolute path + rpath)."""
+    so = library_path(isa)
+    return [str(so), f"-Wl,-rpath,{so.parent}"]
+
+
+def cache_sizes() -> dict[str, int]:
+    """Data/unified cache sizes in bytes of cpu0 from sysfs: {'l1d': .., 'l2': .., 'l3': ..} (missing -> 0)."""
+    sizes = {"l1d": 0, "l2": 0, "l3": 0}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")):
+        try:
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            text = (idx / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 1024, "M": 1024 * 1024, "G": 1024**3}.get(text[-1:], 1)
+        size = int(text.rstrip("KMG")) * mult
+        key = "l1d" if level == 1 else f"l{level}"
+        if key in sizes:
+            sizes[key] = size
+    return sizes
+
+
+class Epilogue(ctypes.Structure):
+    """Mirror of `nf_epilogue` in nf_gemm.h."""
+
+    _fields_ = [
+        ("bias", ctypes.c_void_p),
+        ("act", ctypes.c_int),
+        ("residual", ctypes.c_void_p),
+        ("ld_residual", ctypes.c_long),
+        ("bs_residual", ctypes.c_long),
+        ("tile_fn", ctypes.c_void_p),
+        ("tile_ctx", ctypes.c_void_p),
+    ]
+
+
+ACTS = {"none": 0, "relu": 1, "gelu": 2, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
+ISAS = {0: "generic", 1: "avx2", 2: "avx512"}
+
+_P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_EP = ctypes.POINTER(Epilogue)
+_SIGNATURES: dict[str, tuple[object, list[object]]] = {
+    "nf_gemm_isa": (_I, []),
+    "nf_sgemm_nr": (_I, []),
+    "nf_sgemm_mr": (_I, []),
+    "nf_gemm_mc": (_L, []),
+    "nf_gemm_set_cache_sizes": (None, [_L, _L, _L]),
+    "nf_gemm_get_blocking": (None, [_P, _P, _P]),
+    "nf_gemm_partition": (None, [_L, _L, _L, _I, _P, _P]),
+    "nf_sgemm_packed_size": (_L, [_L, _L]),
+    "nf_sgemm_pack_b": (None, [_L, _L, _P, _L, _L, _P]),
+    "nf_sgemm_pack_b_bf16": (None, [_L, _L, _P, _L, _L, _P]),
+    "nf_sgemm_packed_block": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _L, _L, _L, _L, _I, _EP]),
+    "nf_sgemm_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),
+    "nf_sgemm_packed_batched": (None, [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _P, _L, _L, _I, _EP, _I]),
+    "nf_sgemm": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _L, _I, _EP, _I]),
+    "nf_sgemm_block": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _L, _L, _L, _L, _L, _I, _EP]),
+    "nf_sgemm_batched": (None, [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _EP, _I]),
+    "nf_gemm_bf16_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),
+}
+
+
+@functools.cache
+def load(isa: str | None = None, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Build (or reuse) and load the library; configure its blocking from this machine's caches."""
+    so = library_path(isa, extra)
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError:
+        so.unlink(missing_ok=True)
+        so = library_path(isa, extra)
+        lib = ctypes.CDLL(str(so))
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    c = cache_sizes()
+    lib.nf_gemm_set_cache_sizes(c["l1d"], c["l2"], c["l3"])
+    return lib

@@ -1,0 +1,428 @@
+/* nf_gemm.cpp — novaforge's CPU GEMM: packing, cache blocking, threading, C API.
+ *
+ * Invariant: gemm_block() computes exactly the C rows [m0,m1) x columns [n0,n1) it is given,
+ * reading only those rows of A and only those columns' panels of B, writing each C element once
+ * per K block (the last write carries the epilogue). It keeps no state besides per-thread
+ * scratch buffers and the blocking parameters, so disjoint blocks may run concurrently.
+ *
+ * Loop nest per block (GotoBLAS / BLIS order, B micro-panel resident in L1):
+ *   for NC-wide column block      (panels of NR columns)
+ *     for KC-deep K block         (unpacked B: pack this KC x NC block now)
+ *       for MC-high row block     (pack A rows into k-major micro-panels, L2 resident)
+ *         for each NR panel       (KC x NR of B stays in L1)
+ *           for each row tile     (MR rows; remainders split so no tile is very short)
+ *             micro-kernel
+ * Build: g++ -O3 -march=native -fopenmp -fPIC -shared nf_gemm.cpp (see build.py).
+ */
+#include "nf_gemm.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "nf_gemm_kernel.h"
+
+using nfk::MR;
+using nfk::NR;
+
+namespace {
+
+inline long cdiv(long a, long b) { return (a + b - 1) / b; }
+
+/* ---------------- blocking parameters ---------------- */
+
+struct Blocking {
+    long kc, mc, nc;
+};
+
+Blocking blocking_for(long l1d, long l2) {
+    if (l1d <= 0) l1d = 32 * 1024;
+    if (l2 <= 0) l2 = 512 * 1024;
+    Blocking b;
+    // one KC x NR micro-panel of B takes half of L1 (the rest: A micro-panel, C tile)
+    b.kc = std::min(1024L, std::max(64L, (l1d / 2 / (NR * 4)) / 8 * 8));
+    // a packed MC x KC block of A takes a quarter of L2
+    b.mc = std::min(2040L, std::max((long)MR, (l2 / 4 / (b.kc * 4)) / MR * MR));
+    // a KC x NC block of (unpacked) B takes half of L2
+    b.nc = std::max((long)NR, (l2 / 2 / (b.kc * 4)) / NR * NR);
+    return b;
+}
+
+Blocking g_blocking = {0, 0, 0};
+
+const Blocking& blocking() {
+    if (g_blocking.kc == 0) {
+        long l1 = 0, l2 = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+        l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        g_blocking = blocking_for(l1, l2);
+    }
+    return g_blocking;
+}
+
+/* ---------------- per-thread scratch ---------------- */
+
+struct Scratch {
+    float* a = nullptr;
+    long a_cap = 0;
+    float* b = nullptr;
+    long b_cap = 0;
+    static float* grow(float*& p, long& cap, long need) {
+        if (need > cap) {
+            free(p);
+            cap = need + 1024;
+            p = (float*)aligned_alloc(64, (size_t)cdiv(cap * 4, 64) * 64);
+        }
+        return p;
+    }
+    ~Scratch() {
+        free(a);
+        free(b);
+    }
+};
+thread_local Scratch t_scratch;
+
+/* ---------------- operand descriptors ---------------- */
+
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+struct Problem {
+    long M, N, K;
+    const void* A;
+    bool a_bf16;
+    long bs_a, rs_a, cs_a;
+    const float* Bp;  // packed B (panel stride K*NR), or nullptr: use B
+    long bs_bp;
+    const float* B;
+    long bs_b, rs_b, cs_b;
+    float* C;
+    long bs_c, ldc;
+    bool accumulate;
+    const nf_epilogue* ep;
+};
+
+/* Row tiles for `rows` rows: MR-high tiles, remainder r < MR merged with one MR tile and split
+ * evenly when r is small, so no tile has fewer than MR/2 rows (short tiles are latency-bound). */
+int row_tiles(long rows, int* sizes) {
+    int n = 0;
+    long q = rows / MR, r = rows % MR;
+    if (r != 0 && r < MR / 2 && q > 0) {
+        --q;
+        const long t = r + MR;
+        for (long i = 0; i < q; ++i) sizes[n++] = MR;
+        sizes[n++] = (int)(t - t / 2);
+        sizes[n++] = (int)(t / 2);
+        return n;
+    }
+    for (long i = 0; i < q; ++i) sizes[n++] = MR;
+    if (r) sizes[n++] = (int)r;
+    return n;
+}
+
+/* dst[k*R + i] = A(r0 + i, k0 + k) */
+template <typename T>
+void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long k0, long kc, float* dst) {
+    for (int i = 0; i < R; ++i) {
+        const T* src = A + (r0 + i) * rs + k0 * cs;
+        float* d = dst + i;
+        if (cs == 1) {
+            for (long k = 0; k < kc; ++k) {
+                if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k]);
+                else d[k * R] = src[k];
+            }
+        } else {
+            for (long k = 0; k < kc; ++k) {
+                if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k * cs]);
+                else d[k * R] = src[k * cs];
+            }
+        }
+    }
+}
+
+/* dst[(p-p0)*pstride + k*NR + j] = B(k0+k, p*NR+j), zero past column N. */
+template <typename T>
+void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long p0, long p1, float* dst,
+                   long pstride) {
+    for (long p = p0; p < p1; ++p) {
+        float* d = dst + (p - p0) * pstride;
+        const long c0 = p * NR;
+        const int w = (int)std::min((long)NR, N - c0);
+        if (cs == 1 || w < NR || sizeof(T) == 2) {
+            for (long k = 0; k < kc; ++k) {
+                const T* src = B + (k0 + k) * rs + c0 * cs;
+                float* dk = d + k * NR;
+                for (int j = 0; j < w; ++j) {
+                    if constexpr (sizeof(T) == 2) dk[j] = bf16_to_f32(src[j * cs]);
+                    else dk[j] = src[j * cs];
+                }
+                for (int j = w; j < NR; ++j) dk[j] = 0.f;
+            }
+        } else {  // column-contiguous source (e.g. nn.Linear weight [N, K]): walk each column along k
+            for (int j = 0; j < NR; ++j) {
+                const T* src = B + k0 * rs + (c0 + j) * cs;
+                for (long k = 0; k < kc; ++k) d[k * NR + j] = src[k * rs];
+            }
+        }
+    }
+}
+
+void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
+    if (m0 >= m1 || n0 >= n1) return;
+    const Blocking& bl = blocking();
+    const long K = P.K;
+    const long nk = K > 0 ? cdiv(K, bl.kc) : 1;
+    const long kcb = K > 0 ? cdiv(K, nk) : 0;
+    const long nmb = cdiv(m1 - m0, bl.mc);
+    const long mc = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), MR) * MR);
+    const long p0 = n0 / NR, p1 = cdiv(n1, NR), ncp = std::max(1L, bl.nc / NR);
+    Scratch& ws = t_scratch;
+    float* abuf = Scratch::grow(ws.a, ws.a_cap, (mc + MR) * kcb + 16);
+    float* bbuf = P.Bp ? nullptr : Scratch::grow(ws.b, ws.b_cap, ncp * NR * kcb + 16);
+
+    float* C = P.C + bi * P.bs_c;
+    const nf_epilogue* ep = P.ep;
+    const float* bias = ep ? ep->bias : nullptr;
+    const float* res = (ep && ep->residual) ? ep->residual + bi * ep->bs_residual : nullptr;
+    const long ldr = ep ? ep->ld_residual : 0;
+    int tiles[4096];
+
+    for (long pj = p0; pj < p1; pj += ncp) {
+        const long pje = std::min(p1, pj + ncp);
+        for (long kb = 0; kb < nk; ++kb) {
+            const long k0 = kb * kcb;
+            const long kc = std::min(kcb, K - k0);
+            const bool last = kb == nk - 1;
+            const float* bbase = nullptr;
+            long pstride = 0;
+            if (kc > 0) {
+                if (P.Bp) {
+                    bbase = P.Bp + bi * P.bs_bp + pj * K * NR + k0 * NR;
+                    pstride = K * NR;
+                } else {
+                    pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
+                    bbase = bbuf;
+                    pstride = kc * NR;
+                }
+            }
+            for (long ic = m0; ic < m1; ic += mc) {
+                const long mcb = std::min(mc, m1 - ic);
+                const int nt = row_tiles(mcb, tiles);
+                long roff = 0;
+                for (int t = 0; t < nt; ++t) {
+                    if (P.a_bf16)
+                        pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc,
+                                    abuf + roff * kc);
+                    else
+                        pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc,
+                                    abuf + roff * kc);
+                    roff += tiles[t];
+                }
+                for (long p = pj; p < pje; ++p) {
+                    const long col0 = p * NR;
+                    nfk::TileOut o;
+                    o.ldc = P.ldc;
+                    o.accumulate = kb > 0 || P.accumulate;
+                    o.last = last;
+                    o.bias = bias ? bias + col0 : nullptr;
+                    o.act = ep ? ep->act : 0;
+                    o.ldr = ldr;
+                    o.lo = (int)std::max(0L, n0 - col0);
+                    o.hi = (int)std::min((long)NR, n1 - col0);
+                    const float* bp = bbase ? bbase + (p - pj) * pstride : nullptr;
+                    roff = 0;
+                    for (int t = 0; t < nt; ++t) {
+                        o.c = C + (ic + roff) * P.ldc + col0;
+                        o.res = res ? res + (ic + roff) * ldr + col0 : nullptr;
+                        nfk::kernels[tiles[t]](kc, abuf + roff * kc, bp, o);
+                        roff += tiles[t];
+                    }
+                    if (last && ep && ep->tile_fn)
+                        ep->tile_fn(ep->tile_ctx, bi, C + ic * P.ldc + col0 + o.lo, P.ldc, ic, col0 + o.lo, mcb,
+                                    o.hi - o.lo);
+                }
+            }
+        }
+    }
+}
+
+/* ---------------- threading ---------------- */
+
+struct Grid {
+    long tm, tn;
+};
+
+/* Pick tm x tn blocks per matrix (batch*tm*tn tasks dealt contiguously to nt threads) that
+ * minimise the busiest thread's padded MACs plus a packing/streaming cost per task. */
+Grid choose_grid(long batch, long M, long N, long K, int nt) {
+    const long mt = cdiv(M, MR), np = cdiv(N, NR);
+    Grid best = {1, 1};
+    double best_cost = -1;
+    const long kk = std::max(K, 1L);
+    for (long tm = 1; tm <= std::min(mt, 4L * nt); ++tm)
+        for (long tn = 1; tn <= std::min(np, 4L * nt); ++tn) {
+            const long tasks = batch * tm * tn;
+            if (tasks > 64L * nt && (tm > 1 || tn > 1)) continue;
+            const double per = (double)cdiv(tasks, nt);
+            const double rows = (double)cdiv(mt, tm) * MR, cols = (double)cdiv(np, tn) * NR;
+            const double cost = per * (rows * cols * kk + 8.0 * (rows + cols) * kk + 20000.0);
+            if (best_cost < 0 || cost < best_cost - 1e-9 * best_cost) {
+                best_cost = cost;
+                best = {tm, tn};
+            }
+        }
+    return best;
+}
+
+inline long split(long units, long parts, long i, long unit, long limit) {
+    return std::min(limit, (units * i / parts) * unit);
+}
+
+void run_task(const Problem& P, const Grid& g, long task) {
+    const long per = g.tm * g.tn;
+    const long bi = task / per, r = task % per, mi = r / g.tn, ni = r % g.tn;
+    const long mt = cdiv(P.M, MR), np = cdiv(P.N, NR);
+    gemm_block(P, bi, split(mt, g.tm, mi, MR, P.M), split(mt, g.tm, mi + 1, MR, P.M), split(np, g.tn, ni, NR, P.N),
+               split(np, g.tn, ni + 1, NR, P.N));
+}
+
+void run(const Problem& P, long batch, int nthreads) {
+    if (batch <= 0 || P.M <= 0 || P.N <= 0) return;
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (omp_in_parallel()) nt = 1;
+    const Grid g = choose_grid(batch, P.M, P.N, P.K, nt);
+    const long tasks = batch * g.tm * g.tn;
+    if (nt > tasks) nt = (int)tasks;
+    if (nt <= 1) {
+        for (long t = 0; t < tasks; ++t) run_task(P, g, t);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const long id = omp_get_thread_num(), n = omp_get_num_threads();
+        for (long t = tasks * id / n; t < tasks * (id + 1) / n; ++t) run_task(P, g, t);
+    }
+}
+
+Problem make_problem(long M, long N, long K, const void* A, bool a_bf16, long bs_a, long rs_a, long cs_a,
+                     const float* Bp, long bs_bp, const float* B, long bs_b, long rs_b, long cs_b, float* C, long bs_c,
+                     long ldc, int accumulate, const nf_epilogue* ep) {
+    Problem P;
+    P.M = M, P.N = N, P.K = K;
+    P.A = A, P.a_bf16 = a_bf16, P.bs_a = bs_a, P.rs_a = rs_a, P.cs_a = cs_a;
+    P.Bp = Bp, P.bs_bp = bs_bp;
+    P.B = B, P.bs_b = bs_b, P.rs_b = rs_b, P.cs_b = cs_b;
+    P.C = C, P.bs_c = bs_c, P.ldc = ldc;
+    P.accumulate = accumulate != 0;
+    P.ep = ep;
+    return P;
+}
+
+template <typename T>
+void pack_b_all(long K, long N, const T* B, long sk, long sn, float* packed) {
+    const long np = cdiv(N, NR);
+    if (K <= 0 || np <= 0) return;
+#pragma omp parallel for schedule(static) if (np * K > (1L << 16) && !omp_in_parallel())
+    for (long p = 0; p < np; ++p) pack_b_panels(B, sk, sn, N, 0, K, p, p + 1, packed + p * K * NR, K * NR);
+}
+
+}  // namespace
+
+/* ---------------- C API ---------------- */
+
+extern "C" {
+
+int nf_gemm_isa(void) { return NF_ISA; }
+int nf_sgemm_nr(void) { return NR; }
+int nf_sgemm_mr(void) { return MR; }
+long nf_gemm_mc(void) { return blocking().mc; }
+
+void nf_gemm_set_cache_sizes(long l1d, long l2, long l3) {
+    (void)l3;
+    const Blocking cur = blocking();
+    Blocking b = blocking_for(l1d, l2);
+    if (l1d <= 0) b.kc = cur.kc;
+    if (l2 <= 0) b.mc = cur.mc, b.nc = cur.nc;
+    g_blocking = b;
+}
+
+void nf_gemm_get_blocking(long* kc, long* mc, long* nc) {
+    const Blocking& b = blocking();
+    if (kc) *kc = b.kc;
+    if (mc) *mc = b.mc;
+    if (nc) *nc = b.nc;
+}
+
+void nf_gemm_partition(long M, long N, long K, int nthreads, long* tm, long* tn) {
+    const Grid g = choose_grid(1, std::max(M, 1L), std::max(N, 1L), K, nthreads > 0 ? nthreads : 1);
+    *tm = g.tm;
+    *tn = g.tn;
+}
+
+long nf_sgemm_packed_size(long K, long N) { return cdiv(std::max(N, 0L), NR) * NR * std::max(K, 0L); }
+
+void nf_sgemm_pack_b(long K, long N, const float* B, long stride_k, long stride_n, float* packed) {
+    pack_b_all(K, N, B, stride_k, stride_n, packed);
+}
+
+void nf_sgemm_pack_b_bf16(long K, long N, const uint16_t* B, long stride_k, long stride_n, float* packed) {
+    pack_b_all(K, N, B, stride_k, stride_n, packed);
+}
+
+void nf_sgemm_packed_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Bp, float* C,
+                           long ldc, long m0, long m1, long n0, long n1, int accumulate, const nf_epilogue* ep) {
+    const Problem P = make_problem(M, N, K, A, false, 0, rs_a, cs_a, Bp, 0, nullptr, 0, 0, 0, C, 0, ldc, accumulate, ep);
+    gemm_block(P, 0, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
+}
+
+void nf_sgemm_packed(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Bp, float* C,
+                     long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    run(make_problem(M, N, K, A, false, 0, rs_a, cs_a, Bp, 0, nullptr, 0, 0, 0, C, 0, ldc, accumulate, ep), 1,
+        nthreads);
+}
+
+void nf_sgemm_packed_batched(long batch, long M, long N, long K, const float* A, long bs_a, long rs_a, long cs_a,
+                             const float* Bp, long bs_bp, float* C, long bs_c, long ldc, int accumulate,
+                             const nf_epilogue* ep, int nthreads) {
+    run(make_problem(M, N, K, A, false, bs_a, rs_a, cs_a, Bp, bs_bp, nullptr, 0, 0, 0, C, bs_c, ldc, accumulate, ep),
+        batch, nthreads);
+}
+
+void nf_sgemm(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
+              float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    run(make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, B, 0, rs_b, cs_b, C, 0, ldc, accumulate, ep), 1,
+        nthreads);
+}
+
+void nf_sgemm_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+                    long cs_b, float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate,
+                    const nf_epilogue* ep) {
+    const Problem P =
+        make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, B, 0, rs_b, cs_b, C, 0, ldc, accumulate, ep);
+    gemm_block(P, 0, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
+}
+
+void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long bs_a, long rs_a, long cs_a,
+                      const float* B, long bs_b, long rs_b, long cs_b, float* C, long bs_c, long ldc, int accumulate,
+                      const nf_epilogue* ep, int nthreads) {
+    run(make_problem(M, N, K, A, false, bs_a, rs_a, cs_a, nullptr, 0, B, bs_b, rs_b, cs_b, C, bs_c, ldc, accumulate,
+                     ep),
+        batch, nthreads);
+}
+
+void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const float* Bp, float* C,
+                         long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    run(make_problem(M, N, K, A, true, 0, rs_a, cs_a, Bp, 0, nullptr, 0, 0, 0, C, 0, ldc, accumulate, ep), 1,
+        nthreads);
+}
+
+}  // extern "C"

@@ -1,0 +1,109 @@
+/* nf_gemm.h — novaforge's CPU float32 GEMM (C API).
+ *
+ * Invariant: every entry computes, for the rows/columns it is given,
+ *     C = act(A @ B [+ C_old if accumulate] + bias) [+ residual]
+ * in float32 with float32 accumulation, row-major C (column stride 1, row stride ldc),
+ * and reads A and unpacked B through arbitrary (row, column) element strides.
+ * Packed B ("Bp") is produced by nf_sgemm_pack_b* on the same build of this library:
+ * panels of nf_sgemm_nr() columns, each K x NR floats, k-major, zero-padded past N.
+ * The layout depends on the ISA the library was compiled for; never store it across machines.
+ *
+ * Threading: functions with an `nthreads` argument run an OpenMP team (nthreads <= 0: the
+ * OpenMP default); *_block functions are single-threaded and re-entrant, made to be called
+ * from a caller's own `#pragma omp parallel for` over disjoint C blocks.
+ */
+#ifndef NF_GEMM_H
+#define NF_GEMM_H
+
+#include <stdint.h>
+
+/* The library is built with -fvisibility=hidden; only these entry points are exported. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum nf_act {
+    NF_ACT_NONE = 0,
+    NF_ACT_RELU = 1,
+    NF_ACT_GELU_ERF = 2,  /* 0.5 x (1 + erf(x / sqrt 2)) */
+    NF_ACT_GELU_TANH = 3, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    NF_ACT_SILU = 4       /* x sigmoid(x) */
+};
+
+enum nf_isa { NF_ISA_GENERIC = 0, NF_ISA_AVX2 = 1, NF_ISA_AVX512 = 2 };
+
+/* Called on each finished C tile (rows [row0, row0+rows) x cols [col0, col0+cols) of the
+ * batch entry `batch`; `c` points at C[row0, col0]) right after the built-in epilogue,
+ * while the tile is in L1. At most nf_gemm_mc() rows x nf_sgemm_nr() columns. */
+typedef void (*nf_tile_fn)(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows,
+                           long cols);
+
+/* Fused epilogue, applied in registers after the last K step:
+ *   C[i,j] = act(acc[i,j] + bias[j]) + residual[b*bs_residual + i*ld_residual + j]
+ * Indices are global (row i of C, column j of C). NULL pointers mean "absent". */
+typedef struct nf_epilogue {
+    const float* bias;     /* [N] or NULL */
+    int act;               /* enum nf_act */
+    const float* residual; /* or NULL; row stride ld_residual, column stride 1 */
+    long ld_residual;
+    long bs_residual;      /* batch stride of residual (batched entries) */
+    nf_tile_fn tile_fn;    /* or NULL */
+    void* tile_ctx;
+} nf_epilogue;
+
+/* ---- configuration / queries ---- */
+int nf_gemm_isa(void);
+int nf_sgemm_nr(void);  /* packed panel width (16 on AVX2, 32 on AVX-512) */
+int nf_sgemm_mr(void);  /* micro-tile rows */
+long nf_gemm_mc(void);
+/* Derive KC/MC/NC from cache sizes in bytes (<= 0: keep the current value). Defaults come
+ * from sysconf at first use. Not thread-safe against concurrent GEMMs; call at load time. */
+void nf_gemm_set_cache_sizes(long l1d, long l2, long l3);
+void nf_gemm_get_blocking(long* kc, long* mc, long* nc);
+/* Split an M x N problem over nthreads as tm x tn blocks (what nf_sgemm_packed does). */
+void nf_gemm_partition(long M, long N, long K, int nthreads, long* tm, long* tn);
+
+/* ---- packing B (weights: once, at compile time) ---- */
+long nf_sgemm_packed_size(long K, long N); /* in floats */
+/* B(k, n) = B[k*stride_k + n*stride_n]; [K,N] row-major: (N, 1); nn.Linear weight [N,K]: (1, K). */
+void nf_sgemm_pack_b(long K, long N, const float* B, long stride_k, long stride_n, float* packed);
+void nf_sgemm_pack_b_bf16(long K, long N, const uint16_t* B, long stride_k, long stride_n, float* packed);
+
+/* ---- GEMM with packed B ---- */
+/* Single-threaded: rows [m0,m1) x columns [n0,n1) of C. A(i, k) = A[i*rs_a + k*cs_a]. */
+void nf_sgemm_packed_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Bp,
+                           float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate,
+                           const nf_epilogue* ep);
+void nf_sgemm_packed(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Bp, float* C,
+                     long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+/* batch entries b: A + b*bs_a, Bp + b*bs_bp (bs_bp = 0: shared weights), C + b*bs_c. */
+void nf_sgemm_packed_batched(long batch, long M, long N, long K, const float* A, long bs_a, long rs_a,
+                             long cs_a, const float* Bp, long bs_bp, float* C, long bs_c, long ldc,
+                             int accumulate, const nf_epilogue* ep, int nthreads);
+
+/* ---- GEMM with unpacked B (activations; B is packed on the fly, per thread) ---- */
+/* B(k, n) = B[k*rs_b + n*cs_b] */
+void nf_sgemm(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+              long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+void nf_sgemm_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+                    long cs_b, float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate,
+                    const nf_epilogue* ep);
+void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long bs_a, long rs_a, long cs_a,
+                      const float* B, long bs_b, long rs_b, long cs_b, float* C, long bs_c, long ldc,
+                      int accumulate, const nf_epilogue* ep, int nthreads);
+
+/* ---- bfloat16 inputs, float32 accumulation and output ----
+ * A is bf16 (converted while packing A); Bp comes from nf_sgemm_pack_b_bf16 (or _pack_b). */
+void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const float* Bp,
+                         float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+
+#ifdef __cplusplus
+}
+#endif
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+#endif /* NF_GEMM_H */

@@ -1,0 +1,230 @@
+"""torch-facing wrappers of the nf_gemm C library (for tests, benchmarks and the runtime).
+
+Invariant: every wrapper checks dtype/device/shape before handing raw pointers to C, passes
+element strides exactly as the tensors have them (no hidden copies except where documented),
+keeps every tensor it passes alive for the duration of the call, and returns float32 results
+equal (to fp32 rounding) to the torch expression in its docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .build import ACTS, ISAS, Epilogue, load
+
+_override: list[ctypes.CDLL] = []
+
+
+def lib() -> ctypes.CDLL:
+    return _override[-1] if _override else load()
+
+
+@contextlib.contextmanager
+def using(library: ctypes.CDLL) -> Iterator[None]:
+    """Route the wrappers to another build of the library (tests: generic ISA, other tile heights)."""
+    _override.append(library)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def isa() -> str:
+    return ISAS[lib().nf_gemm_isa()]
+
+
+def panel_width() -> int:
+    return lib().nf_sgemm_nr()
+
+
+def blocking() -> dict[str, int]:
+    kc, mc, nc = ctypes.c_long(), ctypes.c_long(), ctypes.c_long()
+    lib().nf_gemm_get_blocking(ctypes.byref(kc), ctypes.byref(mc), ctypes.byref(nc))
+    return {"kc": kc.value, "mc": mc.value, "nc": nc.value, "mr": lib().nf_sgemm_mr(), "nr": panel_width()}
+
+
+@dataclass(frozen=True)
+class PackedB:
+    """B[K, N] repacked into nf_gemm panels (`data` is a flat float32 tensor owning the storage)."""
+
+    data: torch.Tensor
+    K: int
+    N: int
+
+    def ptr(self) -> int:
+        return self.data.data_ptr()
+
+
+def _check_cpu(t: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> None:
+    if t.device.type != "cpu" or t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected a CPU tensor of dtype {dtypes}, got {t.dtype} on {t.device}")
+
+
+def pack_b(b: torch.Tensor) -> PackedB:
+    """Pack B[K, N] (any strides; float32 or bfloat16). For an nn.Linear weight W[N, K] pass W.t()."""
+    _check_cpu(b, "b", (torch.float32, torch.bfloat16))
+    if b.dim() != 2:
+        raise ValueError(f"pack_b expects a 2-D [K, N] tensor, got shape {tuple(b.shape)}")
+    K, N = b.shape
+    out = torch.empty(max(int(lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
+    if K > 0 and N > 0:
+        fn = lib().nf_sgemm_pack_b_bf16 if b.dtype == torch.bfloat16 else lib().nf_sgemm_pack_b
+        fn(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+    return PackedB(out, K, N)
+
+
+def _epilogue(
+    N: int,
+    rows_shape: tuple[int, ...],
+    bias: torch.Tensor | None,
+    act: str,
+    residual: torch.Tensor | None,
+    keep: list[torch.Tensor],
+) -> Epilogue | None:
+    if bias is None and residual is None and act == "none":
+        return None
+    if act not in ACTS:
+        raise ValueError(f"unknown activation {act!r}; known: {sorted(ACTS)}")
+    ep = Epilogue()
+    ep.act = ACTS[act]
+    if bias is not None:
+        _check_cpu(bias, "bias")
+        if bias.shape != (N,):
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+        bias = bias.contiguous()
+        keep.append(bias)
+        ep.bias = bias.data_ptr()
+    if residual is not None:
+        _check_cpu(residual, "residual")
+        if tuple(residual.shape) != (*rows_shape, N):
+            raise ValueError(f"residual must have shape {(*rows_shape, N)}, got {tuple(residual.shape)}")
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        keep.append(residual)
+        ep.residual = residual.data_ptr()
+        ep.ld_residual = residual.stride(-2)
+        ep.bs_residual = residual.stride(0) if residual.dim() == 3 else 0
+    return ep
+
+
+def _out(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=torch.float32)
+    _check_cpu(out, "out")
+    if tuple(out.shape) != shape or out.stride(-1) != 1:
+        raise ValueError(f"out must have shape {shape} and unit column stride")
+    return out
+
+
+def _ep_ptr(ep: Epilogue | None):
+    return ctypes.byref(ep) if ep is not None else None
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedB,
+    *,
+    bias: torch.Tensor | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    nthreads: int = 0,
+) -> torch.Tensor:
+    """act(a @ b [+ out if accumulate] + bias) + residual for 2-D a[M, K] (any strides; bf16 with packed b)."""
+    _check_cpu(a, "a", (torch.float32, torch.bfloat16))
+    if a.dim() != 2:
+        raise ValueError("matmul expects a 2-D a; use bmm for batches")
+    M, K = a.shape
+    N = b.N if isinstance(b, PackedB) else b.shape[1]
+    b_k = b.K if isinstance(b, PackedB) else b.shape[0]
+    if b_k != K:
+        raise ValueError(f"inner dimensions differ: a {tuple(a.shape)}, b has K={b_k}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out")
+    c = _out((M, N), out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    if a.dtype == torch.bfloat16:
+        if not isinstance(b, PackedB):
+            b = pack_b(b)
+        lib().nf_gemm_bf16_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
+                                  c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
+    elif isinstance(b, PackedB):
+        lib().nf_sgemm_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(), c.stride(0),
+                              int(accumulate), _ep_ptr(ep), nthreads)
+    else:
+        _check_cpu(b, "b")
+        lib().nf_sgemm(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0), b.stride(1),
+                       c.data_ptr(), c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
+    return c
+
+
+def matmul_block(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedB,
+    out: torch.Tensor,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    *,
+    bias: torch.Tensor | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """Single-threaded: out[r0:r1, c0:c1] = epilogue(a[r0:r1] @ b[:, c0:c1]); the rest of out is untouched."""
+    _check_cpu(a, "a")
+    M, K = a.shape
+    N = b.N if isinstance(b, PackedB) else b.shape[1]
+    c = _out((M, N), out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    (m0, m1), (n0, n1) = rows, cols
+    if isinstance(b, PackedB):
+        lib().nf_sgemm_packed_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
+                                    c.stride(0), m0, m1, n0, n1, int(accumulate), _ep_ptr(ep))
+    else:
+        lib().nf_sgemm_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0),
+                             b.stride(1), c.data_ptr(), c.stride(0), m0, m1, n0, n1, int(accumulate), _ep_ptr(ep))
+    return c
+
+
+def bmm(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedB,
+    *,
+    bias: torch.Tensor | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    nthreads: int = 0,
+) -> torch.Tensor:
+    """act(a[B, M, K] @ b[B, K, N] (or shared PackedB) [+ out] + bias) + residual[B, M, N]."""
+    _check_cpu(a, "a")
+    if a.dim() != 3:
+        raise ValueError("bmm expects a 3-D a")
+    batch, M, K = a.shape
+    N = b.N if isinstance(b, PackedB) else b.shape[2]
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out")
+    c = _out((batch, M, N), out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(N, (batch, M), bias, act, residual, keep)
+    if isinstance(b, PackedB):
+        lib().nf_sgemm_packed_batched(batch, M, N, K, a.data_ptr(), a.stride(0), a.stride(1), a.stride(2), b.ptr(),
+                                      0, c.data_ptr(), c.stride(0), c.stride(1), int(accumulate), _ep_ptr(ep),
+                                      nthreads)
+    else:
+        _check_cpu(b, "b")
+        if b.shape[0] != batch or b.shape[1] != K:
+            raise ValueError(f"b shape {tuple(b.shape)} does not match a {tuple(a.shape)}")
+        lib().nf_sgemm_batched(batch, M, N, K, a.data_ptr(), a.stride(0), a.stride(1), a.stride(2), b.data_ptr(),
+                               b.stride(0), b.stride(1), b.stride(2), c.data_ptr(), c.stride(0), c.stride(1),
+                               int(accumulate), _ep_ptr(ep), nthreads)
+    return c

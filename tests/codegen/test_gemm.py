@@ -1,0 +1,322 @@
+"""Tests of the CPU GEMM library (novaforge.codegen.cpu.gemm) against float64 torch references.
+
+Every result is compared with a float64 product of the same (float32) inputs under a bound that
+grows with sqrt(K) and with |A| @ |B|; the tests also check that a wrong answer would fail it
+(torch's own float32 result passes, a perturbed one does not).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from novaforge.codegen.cpu import gemm
+from novaforge.codegen.cpu.gemm import build, ops
+
+torch.manual_seed(0)
+
+
+def _ref(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a64, b64 = a.double(), b.double()
+    return a64 @ b64, a64.abs() @ b64.abs()
+
+
+def _check(c: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, K: int, slack: float = 1.0) -> None:
+    tol = slack * (6e-7 * math.sqrt(K + 1) * scale + 1e-6 * (1 + ref.abs()))
+    err = (c.double() - ref).abs()
+    bad = err > tol
+    assert not bad.any(), f"max err {err.max().item():.3g}, worst excess {(err - tol).max().item():.3g}"
+
+
+def _acts() -> dict[str, object]:
+    return {
+        "none": lambda x: x,
+        "relu": torch.relu,
+        "gelu_erf": torch.nn.functional.gelu,
+        "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+        "silu": torch.nn.functional.silu,
+    }
+
+
+def _b_layout(K: int, N: int, layout: str) -> torch.Tensor:
+    if layout == "kn":
+        return torch.randn(K, N)
+    if layout == "weight_t":  # nn.Linear weight [N, K] seen as [K, N]: stride_k = 1
+        return torch.randn(N, K).t()
+    if layout == "strided":  # every other column of a wider, row-padded matrix
+        return torch.randn(K, 2 * N + 3)[:, 1 : 2 * N + 1 : 2]
+    raise ValueError(layout)
+
+
+SHAPES = [(1, 1, 1), (3, 17, 5), (17, 33, 3), (33, 255, 17), (6, 16, 16), (7, 1, 31), (128, 64, 48), (2, 300, 129),
+          (255, 17, 33), (13, 513, 40)]
+
+
+def test_reference_bound_can_fail():
+    a, b = torch.randn(33, 255), torch.randn(255, 17)
+    ref, scale = _ref(a, b)
+    _check(a @ b, ref, scale, 255)
+    wrong = (a @ b).clone()
+    wrong[5, 7] += 1e-3 * (1 + ref[5, 7].abs().item())
+    with pytest.raises(AssertionError):
+        _check(wrong, ref, scale, 255)
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("layout", ["kn", "weight_t", "strided"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_matmul_matches_torch(M, K, N, layout, packed):
+    a, b = torch.randn(M, K), _b_layout(K, N, layout)
+    rhs = gemm.pack_b(b) if packed else b
+    for nthreads in (1, 2, 3):
+        c = gemm.matmul(a, rhs, nthreads=nthreads)
+        ref, scale = _ref(a, b)
+        _check(c, ref, scale, K)
+
+
+@pytest.mark.parametrize("a_layout", ["transposed", "row_padded", "col_strided"])
+def test_a_strides(a_layout):
+    M, K, N = 29, 70, 37
+    if a_layout == "transposed":
+        a = torch.randn(K, M).t()
+    elif a_layout == "row_padded":
+        a = torch.randn(M, K + 9)[:, 4 : 4 + K]
+    else:
+        a = torch.randn(M, 2 * K)[:, ::2]
+    b = torch.randn(K, N)
+    ref, scale = _ref(a, b)
+    _check(gemm.matmul(a, gemm.pack_b(b)), ref, scale, K)
+    _check(gemm.matmul(a, b), ref, scale, K)
+
+
+@pytest.mark.parametrize("act", list(_acts()))
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("packed", [True, False])
+def test_epilogue(act, with_bias, with_residual, packed):
+    M, K, N = 37, 70, 45
+    a, b = torch.randn(M, K), torch.randn(N, K).t()
+    bias = torch.randn(N) if with_bias else None
+    residual = torch.randn(M, N + 5)[:, :N] if with_residual else None  # row stride != N
+    c = gemm.matmul(a, gemm.pack_b(b) if packed else b, bias=bias, act=act, residual=residual, nthreads=2)
+    pre, scale = _ref(a, b)
+    if bias is not None:
+        pre = pre + bias.double()
+    ref = _acts()[act](pre)
+    if residual is not None:
+        ref = ref + residual.double()
+    _check(c, ref, scale, K, slack=1.5)
+
+
+def test_accumulate_and_k_zero():
+    M, K, N = 20, 33, 19
+    a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
+    c0 = torch.randn(M, N)
+    c = c0.clone()
+    gemm.matmul(a, gemm.pack_b(b), bias=bias, act="relu", out=c, accumulate=True)
+    pre, scale = _ref(a, b)
+    _check(c, torch.relu(pre + c0.double() + bias.double()), scale, K)
+    # K = 0: the product is zero, the epilogue still applies
+    z = gemm.matmul(torch.randn(M, 0), torch.randn(0, N), bias=bias)
+    assert torch.equal(z, bias.expand(M, N))
+    c = c0.clone()
+    gemm.matmul(torch.randn(M, 0), gemm.pack_b(torch.randn(0, N)), out=c, accumulate=True)
+    assert torch.equal(c, c0)
+
+
+def test_zero_size_m_n():
+    assert gemm.matmul(torch.randn(0, 8), torch.randn(8, 5)).shape == (0, 5)
+    assert gemm.matmul(torch.randn(4, 8), gemm.pack_b(torch.randn(8, 0))).shape == (4, 0)
+    assert gemm.bmm(torch.randn(0, 3, 4), torch.randn(0, 4, 5)).shape == (0, 3, 5)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_block_writes_only_its_block(packed):
+    M, K, N = 50, 40, 77
+    a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
+    residual = torch.randn(M, N)
+    rhs = gemm.pack_b(b) if packed else b
+    pre, scale = _ref(a, b)
+    ref = torch.nn.functional.gelu(pre + bias.double()) + residual.double()
+    for rows, cols in [((0, M), (0, N)), ((3, 17), (5, 29)), ((49, 50), (76, 77)), ((10, 40), (16, 48)),
+                       ((0, 1), (0, 77)), ((7, 7), (0, 5))]:
+        out = torch.full((M, N), float("nan"))
+        gemm.matmul_block(a, rhs, out, rows, cols, bias=bias, act="gelu", residual=residual)
+        inside = torch.zeros(M, N, dtype=torch.bool)
+        inside[rows[0] : rows[1], cols[0] : cols[1]] = True
+        assert out[~inside].isnan().all()
+        _check(out[inside].view(-1), ref[inside].view(-1), scale[inside].view(-1), K, slack=1.5)
+
+
+def test_blocks_from_partition_cover_the_product():
+    lib = ops.lib()
+    M, K, N = 128, 96, 200
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    pb = gemm.pack_b(b)
+    tm, tn = ctypes.c_long(), ctypes.c_long()
+    lib.nf_gemm_partition(M, N, K, 2, ctypes.byref(tm), ctypes.byref(tn))
+    assert tm.value * tn.value >= 2
+    out = torch.full((M, N), float("nan"))
+    rows = [round(M * i / tm.value) for i in range(tm.value + 1)]
+    cols = [round(N * j / tn.value) for j in range(tn.value + 1)]
+    for i in range(tm.value):
+        for j in range(tn.value):
+            gemm.matmul_block(a, pb, out, (rows[i], rows[i + 1]), (cols[j], cols[j + 1]))
+    ref, scale = _ref(a, b)
+    _check(out, ref, scale, K)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 12])
+def test_bmm(batch):
+    S, d = 37, 24
+    q, k, v = torch.randn(batch, S, d), torch.randn(batch, S, d), torch.randn(batch, S, d)
+    # attention-like: q @ k^T (B transposed through strides), then p @ v with a residual
+    s = gemm.bmm(q, k.transpose(1, 2), nthreads=2)
+    ref, scale = _ref(q, k.transpose(1, 2))
+    _check(s, ref, scale, d)
+    res = torch.randn(batch, S, d)
+    o = gemm.bmm(s, v, residual=res, nthreads=2)
+    ref2, scale2 = _ref(s, v)
+    _check(o, ref2 + res.double(), scale2, S)
+    # shared packed weights across the batch, with bias and activation
+    w, bias = torch.randn(d, 50), torch.randn(50)
+    y = gemm.bmm(q, gemm.pack_b(w), bias=bias, act="silu", nthreads=3)
+    ref3, scale3 = _ref(q, w.expand(batch, d, 50))
+    _check(y, torch.nn.functional.silu(ref3 + bias.double()), scale3, d, slack=1.5)
+
+
+def test_bf16_inputs():
+    M, K, N = 33, 70, 45
+    a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    c = gemm.matmul(a, gemm.pack_b(w.t()), nthreads=2)
+    assert c.dtype == torch.float32
+    ref, scale = _ref(a.float(), w.float().t())
+    _check(c, ref, scale, K)
+
+
+def test_small_cache_blocking_exercises_all_loops():
+    lib = ops.lib()
+    saved = ops.blocking()
+    try:
+        lib.nf_gemm_set_cache_sizes(4096, 16384, 0)  # kc=64, tiny mc/nc: many K, M and N blocks
+        small = ops.blocking()
+        assert small["kc"] < saved["kc"] and small["mc"] < 70
+        a, b, bias, res = torch.randn(70, 300), torch.randn(300, 100), torch.randn(100), torch.randn(70, 100)
+        pre, scale = _ref(a, b)
+        for rhs in (gemm.pack_b(b), b):
+            c = gemm.matmul(a, rhs, bias=bias, act="gelu_tanh", residual=res, nthreads=2)
+            ref = torch.nn.functional.gelu(pre + bias.double(), approximate="tanh") + res.double()
+            _check(c, ref, scale, 300, slack=1.5)
+    finally:
+        lib.nf_gemm_set_cache_sizes(*build.cache_sizes().values())
+    assert ops.blocking() == saved
+
+
+def test_tile_callback_sees_final_tiles_once():
+    M, K, N = 40, 30, 50
+    a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    seen = torch.zeros(M, N, dtype=torch.int32)
+    errors: list[float] = []
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(ctypes.c_float), ctypes.c_long,
+                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+
+    def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
+        for i in range(rows):
+            for j in range(cols):
+                errors.append(abs(c[i * ldc + j] - ref[row0 + i, col0 + j].item()))
+        seen[row0 : row0 + rows, col0 : col0 + cols] += 1
+
+    fn = proto(on_tile)
+    ep = build.Epilogue()
+    ep.bias = bias.data_ptr()
+    ep.act = build.ACTS["relu"]
+    ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
+    out = torch.empty(M, N)
+    pb = gemm.pack_b(b)
+    ops.lib().nf_sgemm_packed(M, N, K, a.data_ptr(), K, 1, pb.ptr(), out.data_ptr(), N, 0, ctypes.byref(ep), 1)
+    assert torch.equal(seen, torch.ones(M, N, dtype=torch.int32))
+    assert max(errors) < 1e-4
+
+
+@pytest.mark.parametrize("variant", [("generic", ()), ("avx2", ("-DNF_GEMM_MR=12",)), ("avx2", ("-DNF_GEMM_MR=3",))])
+def test_other_builds(variant):
+    """The portable fallback, and the tile heights other ISAs use (AVX-512: 12 rows), on this machine."""
+    isa, extra = variant
+    lib = build.load(isa, extra)
+    with ops.using(lib):
+        if extra:
+            assert lib.nf_sgemm_mr() == int(extra[0].split("=")[1])
+        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33)]:
+            a, b, bias, res = torch.randn(M, K), torch.randn(N, K).t(), torch.randn(N), torch.randn(M, N)
+            pre, scale = _ref(a, b)
+            for act in ("none", "gelu_erf", "silu"):
+                c = gemm.matmul(a, gemm.pack_b(b), bias=bias, act=act, residual=res, nthreads=2)
+                _check(c, _acts()[act](pre + bias.double()) + res.double(), scale, K, slack=1.5)
+            _check(gemm.matmul(a, b, nthreads=2), pre, scale, K)
+
+
+def test_generated_code_can_include_and_link(tmp_path):
+    src = tmp_path / "use_gemm.cpp"
+    src.write_text(
+        """
+#include "nf_gemm.h"
+#include <stdio.h>
+#include <vector>
+int main() {
+    const long M = 5, K = 7, N = 19;
+    std::vector<float> A(M * K), B(K * N), C(M * N), bias(N);
+    for (long i = 0; i < M * K; ++i) A[i] = (float)(i % 5) - 2.f;
+    for (long i = 0; i < K * N; ++i) B[i] = (float)(i % 3) - 1.f;
+    for (long j = 0; j < N; ++j) bias[j] = 0.5f * j;
+    std::vector<float> P(nf_sgemm_packed_size(K, N));
+    nf_sgemm_pack_b(K, N, B.data(), N, 1, P.data());
+    nf_epilogue ep = {bias.data(), NF_ACT_NONE, nullptr, 0, 0, nullptr, nullptr};
+    nf_sgemm_packed(M, N, K, A.data(), K, 1, P.data(), C.data(), N, 0, &ep, 2);
+    for (long i = 0; i < M * N; ++i) printf("%g\\n", C[i]);
+}
+"""
+    )
+    exe = tmp_path / "use_gemm"
+    cmd = [build.compiler(), "-O1", f"-I{gemm.include_dir()}", str(src), "-o", str(exe), *gemm.link_args()]
+    subprocess.run(cmd, check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    A = torch.tensor([(i % 5) - 2.0 for i in range(35)]).view(5, 7)
+    B = torch.tensor([(i % 3) - 1.0 for i in range(7 * 19)]).view(7, 19)
+    ref = A @ B + 0.5 * torch.arange(19.0)
+    assert torch.equal(torch.tensor([float(x) for x in out]).view(5, 19), ref)
+
+
+def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
+    real = build.library_path()
+    calls: list[str] = []
+
+    def fake_compile(so, isa, extra):  # copy instead of compiling: the logic, not the compiler, is under test
+        calls.append(so.name)
+        shutil.copyfile(real, so)
+        so.with_suffix(".sha256").write_text(build._sha256(so))
+
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_compile", fake_compile)
+    so = build.library_path()
+    assert so.parent == tmp_path / "gemm" and len(calls) == 1
+    assert build.library_path() == so and len(calls) == 1  # verified: reused
+    with open(so, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00corrupt")
+    assert build.library_path() == so and len(calls) == 2  # corrupt: rebuilt
+    assert build._verified(so)
+
+
+def test_cache_sizes_and_blocking_are_sane():
+    sizes = build.cache_sizes()
+    blk = gemm.blocking()
+    assert blk["nr"] == gemm.panel_width() and blk["nr"] % 8 == 0
+    assert blk["kc"] >= 64 and blk["mc"] % blk["mr"] == 0 and blk["nc"] % blk["nr"] == 0
+    if sizes["l1d"]:
+        assert blk["kc"] * blk["nr"] * 4 <= sizes["l1d"]
