@@ -5,13 +5,13 @@
  * per K block (the last write carries the epilogue). It keeps no state besides per-thread
  * scratch buffers and the blocking parameters, so disjoint blocks may run concurrently.
  *
- * Loop nest per block (GotoBLAS / BLIS order, B micro-panel resident in L1):
- *   for NC-wide column block      (panels of NR columns)
- *     for KC-deep K block         (unpacked B: pack this KC x NC block now)
- *       for MC-high row block     (pack A rows into k-major micro-panels, L2 resident)
- *         for each NR panel       (KC x NR of B stays in L1)
+ * Loop nest per block (GotoBLAS / BLIS blocking, B micro-panel resident in L1):
+ *   for MC-high row block         (pack these rows of A for all K once, k-major micro-panels)
+ *     for NC-wide column block    (the MC x NC block of C stays in L2 across K blocks)
+ *       for KC-deep K block       (unpacked B: pack this KC x NC block now)
+ *         for each NR panel       (KC x NR of B stays in L1; packed B streams from L3/memory)
  *           for each row tile     (MR rows; remainders split so no tile is very short)
- *             micro-kernel
+ *             micro-kernel        (epilogue fused into the last K block)
  * Build: g++ -O3 -march=native -fopenmp -fPIC -shared nf_gemm.cpp (see build.py).
  */
 #include "nf_gemm.h"
@@ -35,13 +35,14 @@ inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 /* ---------------- blocking parameters ---------------- */
 
 struct Blocking {
-    long kc, mc, nc;
+    long kc, mc, nc, l2;
 };
 
 Blocking blocking_for(long l1d, long l2) {
     if (l1d <= 0) l1d = 32 * 1024;
     if (l2 <= 0) l2 = 512 * 1024;
     Blocking b;
+    b.l2 = l2;
     // one KC x NR micro-panel of B takes half of L1 (the rest: A micro-panel, C tile)
     b.kc = std::min(1024L, std::max(64L, (l1d / 2 / (NR * 4)) / 8 * 8));
     // a packed MC x KC block of A takes a quarter of L2
@@ -51,7 +52,7 @@ Blocking blocking_for(long l1d, long l2) {
     return b;
 }
 
-Blocking g_blocking = {0, 0, 0};
+Blocking g_blocking = {0, 0, 0, 0};
 
 const Blocking& blocking() {
     if (g_blocking.kc == 0) {
@@ -184,9 +185,13 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     const long kcb = K > 0 ? cdiv(K, nk) : 0;
     const long nmb = cdiv(m1 - m0, bl.mc);
     const long mc = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), MR) * MR);
-    const long p0 = n0 / NR, p1 = cdiv(n1, NR), ncp = std::max(1L, bl.nc / NR);
+    const long p0 = n0 / NR, p1 = cdiv(n1, NR);
+    // NC: the mc x NC block of C stays in L2 across the K blocks (a quarter of L2); unpacked B
+    // additionally packs a KC x NC block of B per step (bl.nc bounds it to half of L2)
+    long ncp = std::max(4L, bl.l2 / 4 / (mc * NR * 4));
+    if (!P.Bp) ncp = std::min(ncp, std::max(1L, bl.nc / NR));
     Scratch& ws = t_scratch;
-    float* abuf = Scratch::grow(ws.a, ws.a_cap, (mc + MR) * kcb + 16);
+    float* abuf = Scratch::grow(ws.a, ws.a_cap, (mc + MR) * std::max(K, 1L) + 16);
     float* bbuf = P.Bp ? nullptr : Scratch::grow(ws.b, ws.b_cap, ncp * NR * kcb + 16);
 
     float* C = P.C + bi * P.bs_c;
@@ -196,37 +201,41 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     const long ldr = ep ? ep->ld_residual : 0;
     int tiles[4096];
 
-    for (long pj = p0; pj < p1; pj += ncp) {
-        const long pje = std::min(p1, pj + ncp);
+    for (long ic = m0; ic < m1; ic += mc) {
+        const long mcb = std::min(mc, m1 - ic);
+        const int nt = row_tiles(mcb, tiles);
+        // pack these rows of A for all of K once: K block kb at abuf + k0*mcb, tile at + roff*kc
         for (long kb = 0; kb < nk; ++kb) {
-            const long k0 = kb * kcb;
-            const long kc = std::min(kcb, K - k0);
-            const bool last = kb == nk - 1;
-            const float* bbase = nullptr;
-            long pstride = 0;
-            if (kc > 0) {
-                if (P.Bp) {
-                    bbase = P.Bp + bi * P.bs_bp + pj * K * NR + k0 * NR;
-                    pstride = K * NR;
-                } else {
-                    pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
-                    bbase = bbuf;
-                    pstride = kc * NR;
-                }
+            const long k0 = kb * kcb, kc = std::min(kcb, K - k0);
+            long roff = 0;
+            for (int t = 0; t < nt; ++t) {
+                float* dst = abuf + k0 * mcb + roff * kc;
+                if (P.a_bf16)
+                    pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc, dst);
+                else
+                    pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc, dst);
+                roff += tiles[t];
             }
-            for (long ic = m0; ic < m1; ic += mc) {
-                const long mcb = std::min(mc, m1 - ic);
-                const int nt = row_tiles(mcb, tiles);
-                long roff = 0;
-                for (int t = 0; t < nt; ++t) {
-                    if (P.a_bf16)
-                        pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc,
-                                    abuf + roff * kc);
-                    else
-                        pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc,
-                                    abuf + roff * kc);
-                    roff += tiles[t];
+        }
+        for (long pj = p0; pj < p1; pj += ncp) {
+            const long pje = std::min(p1, pj + ncp);
+            for (long kb = 0; kb < nk; ++kb) {
+                const long k0 = kb * kcb;
+                const long kc = std::min(kcb, K - k0);
+                const bool last = kb == nk - 1;
+                const float* bbase = nullptr;
+                long pstride = 0;
+                if (kc > 0) {
+                    if (P.Bp) {
+                        bbase = P.Bp + bi * P.bs_bp + pj * K * NR + k0 * NR;
+                        pstride = K * NR;
+                    } else {
+                        pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
+                        bbase = bbuf;
+                        pstride = kc * NR;
+                    }
                 }
+                const float* ablk = abuf + k0 * mcb;
                 for (long p = pj; p < pje; ++p) {
                     const long col0 = p * NR;
                     nfk::TileOut o;
@@ -239,11 +248,11 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                     o.lo = (int)std::max(0L, n0 - col0);
                     o.hi = (int)std::min((long)NR, n1 - col0);
                     const float* bp = bbase ? bbase + (p - pj) * pstride : nullptr;
-                    roff = 0;
+                    long roff = 0;
                     for (int t = 0; t < nt; ++t) {
                         o.c = C + (ic + roff) * P.ldc + col0;
                         o.res = res ? res + (ic + roff) * ldr + col0 : nullptr;
-                        nfk::kernels[tiles[t]](kc, abuf + roff * kc, bp, o);
+                        nfk::kernels[tiles[t]](kc, ablk + roff * kc, bp, o);
                         roff += tiles[t];
                     }
                     if (last && ep && ep->tile_fn)
@@ -351,7 +360,7 @@ void nf_gemm_set_cache_sizes(long l1d, long l2, long l3) {
     const Blocking cur = blocking();
     Blocking b = blocking_for(l1d, l2);
     if (l1d <= 0) b.kc = cur.kc;
-    if (l2 <= 0) b.mc = cur.mc, b.nc = cur.nc;
+    if (l2 <= 0) b.mc = cur.mc, b.nc = cur.nc, b.l2 = cur.l2;
     g_blocking = b;
 }
 
