@@ -1,1 +1,5 @@
-"""cache"""
+"""Compiled-artifact cache: structural key -> library, in memory and on disk (see store.py)."""
+
+from .store import LibraryCache, cache_key, default_root, library_cache
+
+__all__ = ["LibraryCache", "cache_key", "default_root", "library_cache"]

@@ -1,0 +1,207 @@
+"""The compiled-library cache: structural key -> shared library, in memory and on disk.
+
+Layout: `<root>/<kind>/<key[:2]>/<key>/` holds `lib.so`, the generated sources (`src/`) and
+`meta.json` (key, novaforge version, size and sha256 of `lib.so`), where root is
+`$NOVAFORGE_CACHE_DIR` or `~/.cache/novaforge`, created user-only (0o700).
+
+* Keys are sha256 digests of (novaforge version, the kernels' structural keys and schedules,
+  backend hash, target, compiler and flags): `cache_key(...)`. Never `str(ir)`, never pickles.
+* Writes are atomic: files are built in a private temp directory and moved in with
+  `os.replace`; `meta.json`, written last, is the commit record.
+* Loads are verified: the library's size and sha256 must match `meta.json`, and the caller's
+  `verify(lib)` (it checks the embedded key and the entry points) must accept it; a corrupt or
+  truncated entry is rebuilt, not trusted.
+* Two processes compiling the same key serialize on a lock file (`fcntl.flock`); the second
+  finds the first's entry and loads it.
+
+Invariant: `load_or_build` returns a library whose bytes are exactly what was built for `key`
+(or raises); it never returns a partially written or foreign library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def cache_key(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in (f"novaforge-{_version()}", *parts):
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def default_root() -> Path:
+    env = os.environ.get("NOVAFORGE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "novaforge"
+
+
+def _makedirs(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+class CacheStats:
+    def __init__(self) -> None:
+        self.memory_hits = 0
+        self.disk_hits = 0
+        self.builds = 0
+        self.rebuilt_corrupt = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class LibraryCache:
+    """Shared libraries by key; one instance per (root, kind)."""
+
+    def __init__(self, root: Path | None = None, kind: str = "cpu") -> None:
+        self.root = (root or default_root()) / kind
+        self._memory: dict[str, ctypes.CDLL] = {}
+        self._lock = threading.Lock()
+        self.stats = CacheStats()
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._memory.clear()
+
+    def _load_entry(self, key: str, verify: Callable[[ctypes.CDLL], bool]) -> ctypes.CDLL | None:
+        d = self.entry_dir(key)
+        meta_path, lib_path = d / "meta.json", d / "lib.so"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            if (meta.get("key") != key or meta.get("version") != _version()
+                    or lib_path.stat().st_size != meta.get("size") or _sha256(lib_path) != meta.get("sha256")):
+                self._discard(d)
+                return None
+            lib = ctypes.CDLL(str(lib_path))
+        except OSError:
+            self._discard(d)
+            return None
+        if not verify(lib):
+            self._discard(d)
+            return None
+        return lib
+
+    def _discard(self, d: Path) -> None:
+        """Move a bad entry out of the way (never delete files another process may map)."""
+        self.stats.rebuilt_corrupt += 1
+        with contextlib.suppress(OSError):
+            (d / "meta.json").unlink()
+
+    def load_or_build(self, key: str, build: Callable[[Path], tuple[Path, list[Path]]],
+                      verify: Callable[[ctypes.CDLL], bool]) -> tuple[ctypes.CDLL, str]:
+        """The library for `key`, and how it was found: 'memory', 'disk' or 'built'.
+
+        `build(workdir)` compiles into `workdir` and returns (library path, source paths).
+        """
+        with self._lock:
+            lib = self._memory.get(key)
+            if lib is not None:
+                self.stats.memory_hits += 1
+                return lib, "memory"
+            _makedirs(self.root / key[:2])
+            lib = self._load_entry(key, verify)
+            if lib is not None:
+                self.stats.disk_hits += 1
+                self._memory[key] = lib
+                return lib, "disk"
+            with _locked(self.root / key[:2] / f"{key}.lock"):
+                lib = self._load_entry(key, verify)  # another process may have built it meanwhile
+                how = "disk"
+                if lib is None:
+                    lib = self._build(key, build, verify)
+                    how = "built"
+            if how == "disk":
+                self.stats.disk_hits += 1
+            self._memory[key] = lib
+            return lib, how
+
+    def _build(self, key: str, build: Callable[[Path], tuple[Path, list[Path]]],
+               verify: Callable[[ctypes.CDLL], bool]) -> ctypes.CDLL:
+        parent = self.root / key[:2]
+        work = Path(tempfile.mkdtemp(dir=parent, prefix=f"build-{key[:16]}-"))
+        lib_tmp, sources = build(work)  # on CompileError the work dir (with the source) is kept
+        d = self.entry_dir(key)
+        _makedirs(d)
+        _makedirs(d / "src")
+        for s in sources:
+            os.replace(s, d / "src" / s.name)
+        os.replace(lib_tmp, d / "lib.so")
+        meta = {"key": key, "version": _version(), "size": (d / "lib.so").stat().st_size,
+                "sha256": _sha256(d / "lib.so")}
+        _atomic_write(d / "meta.json", json.dumps(meta, indent=1))
+        shutil.rmtree(work, ignore_errors=True)
+        self.stats.builds += 1
+        lib = ctypes.CDLL(str(d / "lib.so"))
+        if not verify(lib):
+            raise RuntimeError(f"freshly built library {d / 'lib.so'} failed verification")
+        return lib
+
+
+_caches: dict[tuple[str, str], LibraryCache] = {}
+
+
+def library_cache(kind: str = "cpu") -> LibraryCache:
+    """The process-wide cache for the current cache root."""
+    root = default_root()
+    k = (str(root), kind)
+    if k not in _caches:
+        _caches[k] = LibraryCache(root, kind)
+    return _caches[k]

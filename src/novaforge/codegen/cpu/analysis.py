@@ -1,0 +1,269 @@
+"""Body analysis for the CPU code generator: a kernel body as loops over one iteration space.
+
+`analyze_body(body, space, axes)` maps every value of a pointwise or reduction body onto the
+kernel's iteration space:
+
+* a *leaf* is a body input seen through its chain of views (a strided load with one stride per
+  space dimension, 0 where it broadcasts), a generator (a literal, or `iota` as a virtual
+  strided buffer) or a view of one;
+* a *computed* value is a non-view node evaluated per element of the space; a view of a
+  computed value is allowed only when it reads the same element at every space index (an
+  expand, or a reshape that only adds or drops leading unit dimensions): it aliases its source;
+* each body output is stored at a strided location over the space: contiguous in the space
+  (a "store view" reshape keeps the element order) or, for row summaries of a reduction, at
+  the kept indices (stride 0 along reduced axes).
+
+Invariant: when `analyze_body` returns, generated code that evaluates computed nodes in body
+order from these accesses computes what the interpreter computes; when a body has a form this
+model cannot express, it raises `Unsupported` and the kernel runs through torch instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ...ir import OPS, Graph, Node, Value
+from ...ir.types import broadcast_shapes, contiguous_strides
+from ...ir.views import Strided, apply_view
+
+
+class Unsupported(Exception):
+    """The CPU code generator cannot express this kernel; it runs through torch."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    kind: str  # "load" | "const" | "iota"
+    dtype: torch.dtype
+    buf: int = -1  # body input index ("load")
+    strides: tuple[int, ...] = ()  # per space dim
+    offset: int = 0
+    value: object = None  # literal ("const")
+    start: float = 0  # iota: start + step * element offset
+    step: float = 1
+
+
+@dataclass(frozen=True)
+class Store:
+    buf: int  # body output index
+    value: Value  # the computed (or leaf) value stored
+    strides: tuple[int, ...]  # per space dim (0 along reduced axes for row summaries)
+    dtype: torch.dtype
+    offset: int = 0
+
+
+@dataclass
+class BodyInfo:
+    space: tuple[int, ...]
+    axes: tuple[int, ...]
+    leaves: dict[Value, Leaf] = field(default_factory=dict)
+    alias: dict[Value, Value] = field(default_factory=dict)  # same element at every space index
+    store_views: dict[Value, Value] = field(default_factory=dict)  # reshapes only valid as outputs
+    computed: list[Node] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+    shapes: dict[Value, tuple[int, ...]] = field(default_factory=dict)  # right-aligned to the space
+
+    def resolve(self, v: Value) -> Value:
+        while v in self.alias:
+            v = self.alias[v]
+        return v
+
+    def is_row(self, v: Value) -> bool:
+        """Does v vary along a reduced axis (else it is a per-row summary)?"""
+        shape = self.shapes[self.resolve(v)]
+        return any(shape[a] != 1 for a in self.axes)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.space)
+
+
+def _broadcast_strides(lay: Strided, space: tuple[int, ...]) -> tuple[int, ...]:
+    r, rank = len(lay.shape), len(space)
+    if r > rank:
+        raise Unsupported(f"view of rank {r} in a space of rank {rank}")
+    out = []
+    for d in range(rank):
+        j = d - (rank - r)
+        if j < 0 or space[d] == 1:
+            out.append(0)
+        elif lay.shape[j] == space[d]:
+            out.append(lay.strides[j])
+        elif lay.shape[j] == 1:
+            out.append(0)
+        else:
+            raise Unsupported(f"shape {lay.shape} does not broadcast to the space {space}")
+    return tuple(out)
+
+
+def _right_aligned(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shape) > len(space):
+        raise Unsupported(f"value of shape {shape} has a higher rank than the space {space}")
+    return (1,) * (len(space) - len(shape)) + tuple(shape)
+
+
+def _same_elements(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """Does a reshape src -> dst only add or drop leading unit dims (same element per index)?"""
+    a, b = list(src), list(dst)
+    while a and a[0] == 1:
+        a.pop(0)
+    while b and b[0] == 1:
+        b.pop(0)
+    return a == b
+
+
+def _fits(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    return len(shape) == len(space) and all(s in (1, t) for s, t in zip(shape, space, strict=True))
+
+
+def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()) -> BodyInfo:
+    info = BodyInfo(tuple(space), tuple(axes))
+    layouts: dict[Value, Strided] = {}  # strided layout of load/iota leaves (before broadcast)
+    for i, gi in enumerate(body.inputs):
+        v = gi.value
+        layouts[v] = Strided.contiguous(v.type.shape)
+        info.leaves[v] = Leaf("load", v.type.dtype, buf=i)
+    for n in body.nodes:
+        d = OPS[n.op]
+        if d.has("generator"):
+            out = n.outputs[0]
+            if n.op in ("scalar", "full"):
+                info.leaves[out] = Leaf("const", out.type.dtype, value=n.attrs["value"])
+            elif n.op == "iota":
+                layouts[out] = Strided.contiguous(out.type.shape)
+                info.leaves[out] = Leaf("iota", out.type.dtype, start=n.attrs["start"], step=n.attrs["step"])
+            else:
+                raise Unsupported(f"generator {n.op}")
+            continue
+        if d.has("view"):
+            src, out = n.inputs[0], n.outputs[0]
+            if src in info.store_views:
+                raise Unsupported(f"{n.op} of a reshaped computed value")
+            leaf = info.leaves.get(src)
+            if leaf is not None and leaf.kind == "const":
+                info.leaves[out] = leaf
+            elif leaf is not None:
+                lay = apply_view(layouts[src], n.op, n.attrs)
+                if lay is None:
+                    raise Unsupported(f"{n.op} of an input is not strided")
+                layouts[out] = lay
+                info.leaves[out] = leaf
+            elif n.op == "expand" or (n.op == "reshape" and _same_elements(src.type.shape, out.type.shape)):
+                info.alias[out] = info.resolve(src)
+            elif n.op == "reshape":
+                info.store_views[out] = info.resolve(src)
+            else:
+                raise Unsupported(f"{n.op} of a computed value")
+            continue
+        if len(n.outputs) != 1:
+            raise Unsupported(f"{n.op} with {len(n.outputs)} outputs")
+        if not (d.has("elementwise") or n.op in ("sum", "max", "min", "prod")):
+            raise Unsupported(f"op {n.op} in a generated loop")
+        if any(v in info.store_views for v in n.inputs):
+            raise Unsupported(f"{n.op} reads a reshaped computed value")
+        info.computed.append(n)
+    used = {info.resolve(v) for n in info.computed for v in n.inputs}
+    used |= {info.store_views.get(w, info.resolve(w)) for w in body.outputs}
+    for v, leaf in list(info.leaves.items()):
+        if v not in used:
+            del info.leaves[v]
+            continue
+        if leaf.kind == "const":
+            info.shapes[v] = (1,) * len(info.space)
+            continue
+        lay = layouts[v]
+        info.leaves[v] = Leaf(leaf.kind, leaf.dtype, leaf.buf, _broadcast_strides(lay, info.space), lay.offset,
+                              leaf.value, leaf.start, leaf.step)
+        info.shapes[v] = _right_aligned(lay.shape, info.space)
+    for n in info.computed:
+        o = n.outputs[0]
+        if OPS[n.op].has("reduction"):
+            if not n.attrs["keepdim"] or tuple(n.attrs["axes"]) != info.axes:
+                raise Unsupported("reduction over other axes than the kernel's")
+            if n.inputs[0].type.shape != info.space:
+                raise Unsupported("reduction input is not the space")
+            shp = _right_aligned(o.type.shape, info.space)
+        else:
+            try:
+                shp = tuple(broadcast_shapes(*(info.shapes[info.resolve(v)] for v in n.inputs),
+                                             _right_aligned(o.type.shape, info.space)))
+            except ValueError as e:
+                raise Unsupported(f"{n.op}: {e}") from None
+        if not _fits(shp, info.space):
+            raise Unsupported(f"{n.op} output {o.type} does not broadcast to the space {info.space}")
+        info.shapes[o] = shp
+    for j, w in enumerate(body.outputs):
+        base = info.store_views.get(w, info.resolve(w))
+        shp = info.shapes.get(base)
+        if shp is None:
+            raise Unsupported("output is not computed in the space")
+        if w.type.numel != math.prod(shp):
+            raise Unsupported(f"output {w.type} does not cover its value of shape {shp}")
+        if info.axes:
+            if any(shp[a] != 1 for a in info.axes) and shp != info.space:
+                raise Unsupported("row-level output narrower than the space")
+            if all(shp[a] == 1 for a in info.axes) and any(
+                    s != t for i, (s, t) in enumerate(zip(shp, info.space, strict=True)) if i not in info.axes):
+                raise Unsupported("row summary output narrower than the kept dims")
+        elif shp != info.space:
+            raise Unsupported("pointwise output narrower than the space")
+        cs = contiguous_strides(shp)
+        strides = tuple(0 if shp[d] == 1 else cs[d] for d in range(len(shp)))
+        info.stores.append(Store(j, base, strides, w.type.dtype))
+    return info
+
+
+def body_space(body: Graph, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(space, reduced axes) of a pointwise or reduction body."""
+    shapes = []
+    axes: tuple[int, ...] = ()
+    space: tuple[int, ...] | None = None
+    for n in body.nodes:
+        d = OPS[n.op]
+        if d.has("view") or d.has("generator"):
+            continue
+        if d.has("reduction") and kind == "reduction":
+            space = n.inputs[0].type.shape
+            axes = tuple(n.attrs["axes"])
+        shapes.extend(o.type.shape for o in n.outputs)
+    if space is not None:
+        return tuple(space), axes
+    if not shapes:
+        shapes = [o.type.shape for o in body.outputs]
+    try:
+        return tuple(broadcast_shapes(*shapes)), ()
+    except ValueError as e:
+        raise Unsupported(f"computed shapes do not broadcast: {e}") from None
+
+
+@dataclass
+class Operand:
+    """A library-call operand: body input `buf` seen through strides."""
+
+    buf: int
+    layout: Strided
+    dtype: torch.dtype
+
+
+def operand(body: Graph, v: Value) -> Operand:
+    """The strided view of a body input that reaches `v` through views only."""
+    chain: list[Node] = []
+    producer = {o: n for n in body.nodes for o in n.outputs}
+    while v in producer:
+        n = producer[v]
+        if not OPS[n.op].has("view"):
+            raise Unsupported(f"anchor operand computed by {n.op} inside the kernel")
+        chain.append(n)
+        v = n.inputs[0]
+    idx = next((i for i, gi in enumerate(body.inputs) if gi.value is v), None)
+    if idx is None:
+        raise Unsupported("anchor operand is not a kernel input")
+    lay = Strided.contiguous(v.type.shape)
+    for n in reversed(chain):
+        lay = apply_view(lay, n.op, n.attrs)
+        if lay is None:
+            raise Unsupported(f"anchor operand view {n.op} is not strided")
+    return Operand(idx, lay, v.type.dtype)

@@ -1,0 +1,293 @@
+"""The CPU backend: planned graph -> one shared library + a CpuProgram.
+
+`build(graph, options)`:
+
+1. plans every kernel (`kernels.plan_kernel`, memoized by structural key: the identical
+   layers of a model are planned, rendered and compiled once);
+2. assigns a slot to every buffer (constants, inputs, arena offsets from the memory plan,
+   fresh outputs, one shared scratch region for library results that need one);
+3. lays out the steps: runs of consecutive generated kernels become one C entry point
+   `nf_seg_<i>(void** slots)` (one ctypes call per run), library and torch steps sit between;
+4. keys the library by sha256(version, backend hash, target, compiler and flags, the unique
+   kernels' structural keys + schedules, the glue) and loads it from the cache or renders
+   and compiles it (split into translation units compiled in parallel);
+5. returns a `CpuProgram`.
+
+Invariant: the program computes what `interpret(graph)` computes; every kernel the backend
+does not generate runs through torch (and is reported as such by `executor_for`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from ...cache.store import cache_key, library_cache
+from ...ir import Graph, Kernel, Value
+from ...ir.types import TensorType
+from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
+from ...schedule.target import CpuTarget, detect_cpu_target
+from .build import HEADER_DIR, compile_flags, compile_library, compiler, compiler_version
+from .kernels import KernelPlan, plan_kernel
+from .loops import GenKernel
+
+_SOURCES = ("analysis.py", "backend.py", "build.py", "cexpr.py", "kernels.py", "loops.py", "singles.py",
+            "nf_cpu.h")
+PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
+EXPORT = 'extern "C" __attribute__((visibility("default")))'
+_hash_cache: list[str] = []
+
+
+def backend_hash() -> str:
+    if not _hash_cache:
+        h = hashlib.sha256()
+        for name in _SOURCES:
+            p = HEADER_DIR / name
+            if p.exists():
+                h.update(name.encode())
+                h.update(p.read_bytes())
+        for extra in ("../../schedule/cpu.py",):
+            p = (HEADER_DIR / extra).resolve()
+            if p.exists():
+                h.update(p.read_bytes())
+        _hash_cache.append("cpu-" + h.hexdigest()[:20])
+    return _hash_cache[0]
+
+
+class CpuBackend:
+    """C++/OpenMP code generation for CPU graphs (`backend='cpu'`)."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._plans: dict[str, KernelPlan] = {}
+
+    def target(self) -> CpuTarget:
+        return detect_cpu_target()
+
+    def plan(self, kernel: Kernel, target: CpuTarget | None = None) -> KernelPlan:
+        target = target or self.target()
+        key = kernel.structural_key + "|" + target.key()
+        p = self._plans.get(key)
+        if p is None:
+            p = plan_kernel(kernel, target)
+            self._plans[key] = p
+        return p
+
+    def executor_for(self, kernel: Kernel) -> str:
+        return self.plan(kernel).executor
+
+    def hash(self) -> str:
+        return backend_hash()
+
+    # -------------------------------------------------------------------------- build
+    def build(self, graph: Graph, options: dict[str, Any]) -> CpuProgram:
+        t0 = time.perf_counter()
+        target = self.target()
+        layout = _Layout(graph)
+        steps: list[StepSpec] = []
+        segments: list[tuple[str, list[tuple[str, list[int]]]]] = []
+        gens: dict[str, GenKernel] = {}
+        current: list[tuple[str, list[int]]] = []
+        counts = {"generated": 0, "library": 0, "torch": 0}
+        fallbacks: list[str] = []
+
+        def flush() -> None:
+            nonlocal current
+            if current:
+                name = f"nf_seg_{len(segments)}"
+                segments.append((name, current))
+                steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3])))
+                current = []
+
+        for n in graph.nodes:
+            if n.op != "kernel":
+                continue
+            kernel: Kernel = n.attrs["kernel"]
+            plan = self.plan(kernel, target)
+            ins = [layout.slot_of(v) for v in n.inputs]
+            outs = [layout.slot_of(o) for o in n.outputs]
+            if plan.kind == "gen":
+                assert plan.gen is not None
+                gens[plan.gen.fn] = plan.gen
+                current.append((plan.gen.fn, ins + outs))
+                counts["generated"] += 1
+            elif plan.kind in ("matmul", "attention"):
+                assert plan.anchor_type is not None
+                if plan.direct is not None:
+                    dst = outs[plan.direct]
+                elif plan.inplace is not None:
+                    dst = outs[plan.inplace]
+                else:
+                    dst = layout.scratch(plan.anchor_type)
+                flush()
+                attrs = dict(plan.anchor_attrs)
+                attrs["out_shape"] = plan.anchor_type.shape
+                steps.append(StepSpec("matmul" if plan.kind == "matmul" else "sdpa",
+                                      operands=[(ins[o.buf], o.layout) for o in plan.operands], out=dst, attrs=attrs,
+                                      label=kernel.name))
+                counts["library"] += 1
+                if plan.gen is not None:
+                    gens[plan.gen.fn] = plan.gen
+                    current.append((plan.gen.fn, [dst] + ins + outs))
+                    counts["generated"] += 1
+            else:
+                flush()
+                steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name))
+                counts["torch"] += 1
+                fallbacks.append(f"{kernel.name}: {plan.reason}")
+        flush()
+        outputs = [layout.output_spec(v) for v in list(graph.outputs) + [new for _, new in graph.mutations]]
+        t1 = time.perf_counter()
+        lib, how, key = (None, "none", "")
+        if segments:
+            lib, how, key = self._library(target, gens, segments)
+        t2 = time.perf_counter()
+        info = {"library_key": key, "cache": how, "plan_s": t1 - t0, "library_s": t2 - t1,
+                "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
+                "target": target.describe()}
+        return CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
+
+    def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
+                 segments: list[tuple[str, list[tuple[str, list[int]]]]]) -> tuple[ctypes.CDLL, str, str]:
+        glue = _glue(gens, segments)
+        cxx = compiler()
+        key = cache_key(self.hash(), target.key(), compiler_version(cxx), " ".join(compile_flags(target)),
+                        "\n".join(sorted(g.key for g in gens.values())), glue)
+        seg_names = [s for s, _ in segments]
+
+        def verify(lib: ctypes.CDLL) -> bool:
+            try:
+                fn = lib.nf_lib_key
+                fn.restype = ctypes.c_char_p
+                if fn() != key.encode():
+                    return False
+                return all(hasattr(lib, s) for s in seg_names)
+            except AttributeError:
+                return False
+
+        def build(workdir: Path) -> tuple[Path, list[Path]]:
+            units = _translation_units(gens, target)
+            units[0] += glue + f'{EXPORT} const char* nf_lib_key() {{ return "{key}"; }}\n'
+            out = workdir / "lib.so"
+            compile_library(units, out, target, workdir, extra_flags=["-fvisibility=hidden"])
+            return out, sorted(workdir.glob("*.cpp"))
+
+        lib, how = library_cache("cpu").load_or_build(key, build, verify)
+        return lib, how, key
+
+
+def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]]) -> str:
+    lines = []
+    for fn, g in sorted(gens.items()):
+        lines.append(f'extern "C" int {fn}({", ".join(["void*"] * g.n_args)});')
+    for name, calls in segments:
+        lines.append(f"{EXPORT} int {name}(void** s) {{")
+        lines.append("  int rc;")
+        for fn, args in calls:
+            lines.append(f"  if ((rc = {fn}({', '.join(f's[{a}]' for a in args)}))) return rc;")
+        lines.append("  return 0;")
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _translation_units(gens: dict[str, GenKernel], target: CpuTarget) -> list[str]:
+    """Rendered kernels split into up to `threads` units of similar size (compiled in parallel)."""
+    rendered = [gens[fn].render() for fn in sorted(gens)]
+    n_units = max(1, min(target.threads, len(rendered) // 4 or 1))
+    units = [PRELUDE for _ in range(n_units)]
+    sizes = [0] * n_units
+    for text in sorted(rendered, key=len, reverse=True):
+        i = sizes.index(min(sizes))
+        units[i] += _export_last(text)
+        sizes[i] += len(text)
+    return units
+
+
+def _export_last(text: str) -> str:
+    """Multi-function kernels (cat): the last function is the entry, the others stay static."""
+    idx = text.rfind("static int nf_")
+    return text[:idx] + "NF_KERNEL int nf_" + text[idx + len("static int nf_"):]
+
+
+class _Layout:
+    """Slots of a graph's buffers: constants, inputs, arena offsets, fresh outputs, scratch."""
+
+    def __init__(self, graph: Graph) -> None:
+        plan = graph.meta.get("memory_plan")
+        if plan is None:
+            raise ValueError("the CPU backend needs a memory-planned graph (run the full pipeline)")
+        self.graph = graph
+        self.slots: list[SlotSpec] = []
+        self._slot: dict[Value, int] = {}
+        self._input_pos: dict[Value, int] = {}
+        self._const: dict[Value, Any] = {}
+        pos = 0
+        for gi in graph.inputs:
+            if gi.kind == "const":
+                self._slot[gi.value] = self._add(SlotSpec("const", gi.value.type, tensor=gi.tensor))
+                self._const[gi.value] = gi.tensor
+            else:
+                self._input_pos[gi.value] = pos
+                self._slot[gi.value] = self._add(SlotSpec("input", gi.value.type, index=pos))
+                pos += 1
+        self.n_inputs = pos
+        self.arena_bytes = (plan.arena_bytes + 63) // 64 * 64
+        self.scratch_bytes = 0
+        fresh = 0
+        self._views: dict[Value, tuple[Value, tuple]] = {}
+        for n in graph.nodes:
+            if n.op != "kernel":
+                src, chain = self._views.get(n.inputs[0], (n.inputs[0], ()))
+                self._views[n.outputs[0]] = (src, chain + (n,))
+                continue
+            for o in n.outputs:
+                if o in plan.fresh:
+                    self._slot[o] = self._add(SlotSpec("fresh", o.type, index=fresh))
+                    fresh += 1
+                elif o in plan.offsets:
+                    self._slot[o] = self._add(SlotSpec("arena", o.type, index=plan.offsets[o]))
+                else:
+                    raise ValueError(f"kernel output {o!r} has no buffer in the memory plan")
+
+    def _add(self, spec: SlotSpec) -> int:
+        self.slots.append(spec)
+        return len(self.slots) - 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.arena_bytes + self.scratch_bytes
+
+    def slot_of(self, v: Value) -> int:
+        s = self._slot.get(v)
+        if s is None:
+            raise ValueError(f"value {v!r} read by a kernel has no buffer (a top-level view?)")
+        return s
+
+    def scratch(self, t: TensorType) -> int:
+        """A slot at the start of the shared scratch region (one library result at a time)."""
+        self.scratch_bytes = max(self.scratch_bytes, (t.nbytes + 63) // 64 * 64)
+        return self._add(SlotSpec("scratch", t, index=self.arena_bytes))
+
+    def output_spec(self, v: Value) -> OutputSpec:
+        if v in self._views:
+            src, chain = self._views[v]
+            if src in self._const:
+                from ...ir import OPS
+
+                t = self._const[src]
+                for n in chain:
+                    t = OPS[n.op].impl([t], n.attrs)
+                return OutputSpec("const", tensor=t)
+            return OutputSpec("view", input=self._input_pos[src], views=chain)
+        if v in self._const:
+            return OutputSpec("const", tensor=self._const[v])
+        if v in self._input_pos:
+            return OutputSpec("input", input=self._input_pos[v])
+        s = self.slot_of(v)
+        if self.slots[s].kind != "fresh":
+            raise ValueError(f"output {v!r} lives in the arena")
+        return OutputSpec("slot", slot=s)

@@ -1,0 +1,184 @@
+"""Planning one kernel for the CPU backend: what runs where, with which schedule.
+
+`plan_kernel(kernel, target)` returns a `KernelPlan`:
+
+* ``gen``       a generated C++ function (pointwise, reduction, embedding gather, cat);
+* ``matmul``    a library matmul (torch.matmul into the output or a scratch buffer, through
+                strided views of the inputs) followed by the generated epilogue, if any;
+* ``attention`` the library's fused attention (scaled_dot_product_attention) or the generated
+                flash kernel, then the epilogue;
+* ``torch``     the body through the interpreter's torch ops (anything not generated yet),
+                with `reason` saying why.
+
+Invariant: a plan is a pure function of (kernel structure, target); its generated function's
+name derives from the kernel's structural key and schedule, so structurally identical kernels
+(the identical layers of a model) share one function. Rendering is deferred (`GenKernel.render`)
+so that a warm cache hit never renders source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...ir import OPS, Graph, GraphInput, Kernel, Node
+from ...ir.ops import node_flops
+from ...ir.types import TensorType
+from ...ir.views import Strided
+from ...schedule.cpu import KernelShape, configure
+from ...schedule.target import CpuTarget
+from .analysis import Operand, Unsupported, analyze_body, body_space, operand
+from .cexpr import check_dtype
+from .loops import (
+    GenKernel,
+    body_dtypes,
+    function_name,
+    pointwise_loops,
+    reduction_loops,
+    render_pointwise,
+    render_reduction,
+)
+from .singles import plan_cat, plan_take
+
+
+@dataclass
+class KernelPlan:
+    kind: str  # gen | matmul | attention | torch
+    gen: GenKernel | None = None  # the kernel (gen) or its epilogue (matmul, attention)
+    operands: list[Operand] = field(default_factory=list)
+    anchor_type: TensorType | None = None
+    anchor_attrs: dict = field(default_factory=dict)
+    direct: int | None = None  # the body output the library writes directly (no epilogue)
+    inplace: int | None = None  # the body output the library writes and the epilogue updates in place
+    reason: str = ""
+
+    @property
+    def executor(self) -> str:
+        return "torch" if self.kind == "torch" else "cpu"
+
+
+def _cost(body: Graph) -> tuple[float, float]:
+    flops = 0.0
+    for n in body.nodes:
+        d = OPS[n.op]
+        if d.has("view") or d.has("generator"):
+            continue
+        flops += node_flops(n.op, [v.type for v in n.inputs], [o.type for o in n.outputs], n.attrs)
+    nbytes = sum(gi.value.type.nbytes for gi in body.inputs) + sum(o.type.nbytes for o in body.outputs)
+    return flops, float(nbytes)
+
+
+_EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "silu", "erf", "gelu", "sin",
+              "cos", "pow", "tan", "asin", "acos", "atan", "sinh", "cosh", "atan2"}
+
+
+def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, axes=None, tag: str = "k") -> GenKernel:
+    """A generated pointwise or reduction function for `body` (raises Unsupported)."""
+    for gi in body.inputs:
+        check_dtype(gi.value.type.dtype)
+    for o in body.outputs:
+        check_dtype(o.type.dtype)
+    if space is None:
+        space, axes = body_space(body, kind)
+    info = analyze_body(body, space, axes or ())
+    ins, outs = body_dtypes(body)
+    flops, nbytes = _cost(body)
+    if info.axes:
+        for n in info.computed:
+            if OPS[n.op].has("reduction") and n.op in ("max", "min") and info.numel == 0 and any(
+                    info.space[a] == 0 for a in info.axes):
+                raise Unsupported("max/min over an empty axis (torch raises)")
+        rows, inner, red, inner_reduced = reduction_loops(info)
+        n_red = sum(1 for n in info.computed if OPS[n.op].has("reduction"))
+        expensive = any(n.op in _EXPENSIVE for n in info.computed) and n_red > 1
+        shape = KernelShape("reduction", outer=rows, inner=inner, reduce=red, inner_reduced=inner_reduced,
+                            flops=flops, bytes=nbytes, passes=n_red + 1, expensive_cross_pass=expensive)
+        sched = configure(shape, target)
+        name = function_name(key, sched, tag)
+        return GenKernel(name, len(ins) + len(outs), lambda: render_reduction(name, ins, outs, info, sched), sched,
+                         f"{key}|{sched.key()}", info)
+    outer, inner = pointwise_loops(info)
+    sched = configure(KernelShape("pointwise", outer=outer, inner=inner, flops=flops, bytes=nbytes), target)
+    name = function_name(key, sched, tag)
+    return GenKernel(name, len(ins) + len(outs), lambda: render_pointwise(name, ins, outs, info, sched), sched,
+                     f"{key}|{sched.key()}", info)
+
+
+def epilogue_body(body: Graph, anchor: Node) -> Graph:
+    """The kernel body with the anchor replaced by a new first input (its result buffer)."""
+    producer = {o: n for n in body.nodes for o in n.outputs}
+    a_out = anchor.outputs[0]
+    needed: set[Node] = set()
+    stack = list(body.outputs)
+    while stack:
+        v = stack.pop()
+        n = producer.get(v)
+        if n is None or n is anchor or n in needed:
+            continue
+        needed.add(n)
+        stack.extend(n.inputs)
+    nodes = [n for n in body.nodes if n in needed]
+    inputs = [GraphInput(a_out, "user", "anchor")] + list(body.inputs)
+    return Graph(inputs, nodes, body.outputs)
+
+
+def _plan_anchor(kernel: Kernel, target: CpuTarget) -> KernelPlan:
+    body = kernel.body
+    anchor = kernel.anchor_node
+    assert anchor is not None
+    a_type = anchor.outputs[0].type
+    if a_type.device != "cpu":
+        raise Unsupported("anchor not on the CPU")
+    operands = [operand(body, v) for v in anchor.inputs]
+    attrs = {k: anchor.attrs[k] for k in anchor.attrs}
+    kind = "matmul" if anchor.op == "matmul" else "attention"
+    if kind == "attention":
+        q, k = anchor.inputs[0].type, anchor.inputs[1].type
+        attrs["gqa"] = q.shape[-3] != k.shape[-3]
+    epi = epilogue_body(body, anchor)
+    computed = [n for n in epi.nodes if not (OPS[n.op].has("view") or OPS[n.op].has("generator"))]
+    plan = KernelPlan(kind, operands=operands, anchor_type=a_type, anchor_attrs=attrs)
+    if not computed and len(body.outputs) == 1:
+        out = body.outputs[0]
+        v = out
+        producer = {o: n for n in epi.nodes for o in n.outputs}
+        while v in producer and producer[v].op == "reshape":
+            v = producer[v].inputs[0]
+        if v is anchor.outputs[0] and out.type.dtype == a_type.dtype:
+            plan.direct = 0
+            return plan
+    plan.gen = plan_loops(kernel.structural_key + "|epilogue", epi, "pointwise", target, space=a_type.shape,
+                          axes=(), tag="e")
+    # the library may write into an output that the epilogue then updates in place, when the
+    # epilogue reads the anchor result only at the element it writes
+    info = plan.gen.info
+    assert info is not None
+    identity = tuple(0 if n == 1 else s for n, s in zip(a_type.shape, Strided.contiguous(a_type.shape).strides,
+                                                        strict=True))
+    reads_same = all(lf.strides == identity and lf.offset == 0 for lf in info.leaves.values()
+                     if lf.kind == "load" and lf.buf == 0)
+    if reads_same:
+        for st in info.stores:
+            o = body.outputs[st.buf]
+            if o.type.dtype == a_type.dtype and o.type.numel == a_type.numel and st.strides == identity:
+                plan.inplace = st.buf
+                break
+    return plan
+
+
+def plan_kernel(kernel: Kernel, target: CpuTarget) -> KernelPlan:
+    try:
+        if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
+            raise Unsupported("inputs not on the CPU")
+        if kernel.kind in ("pointwise", "reduction"):
+            return KernelPlan("gen", gen=plan_loops(kernel.structural_key, kernel.body, kernel.kind, target))
+        if kernel.kind in ("matmul", "attention"):
+            return _plan_anchor(kernel, target)
+        if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
+            op = next((n.op for n in kernel.body.nodes if not OPS[n.op].has("view")), None)
+            if op == "take":
+                return KernelPlan("gen", gen=plan_take(kernel, target))
+            if op == "cat":
+                return KernelPlan("gen", gen=plan_cat(kernel, target))
+        raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
+    except Unsupported as e:
+        return KernelPlan("torch", reason=str(e))

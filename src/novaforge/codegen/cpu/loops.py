@@ -1,0 +1,499 @@
+"""Loop-nest rendering of pointwise and reduction kernels (C++ with OpenMP).
+
+Pointwise: the space's dimensions are coalesced (two dims merge when every access's strides
+chain), the last one is the vectorized inner loop (`#pragma omp simd`), the others are
+flattened into one parallel loop (`omp parallel for`, when the schedule has threads > 1); a
+long inner loop may be split into blocks shared by the threads.
+
+Reduction ("row" order): kept dims form the parallel row loop; each row makes one pass over
+its reduced elements per dependent reduction level (softmax: max, then sum of exp, then the
+normalized store), recomputing row values from loads in each pass, or keeping one expensive
+row value in a stack buffer (`row_cache`). Row summaries (keepdim values) are scalars of the
+row. ("column" order, when the innermost dim is kept: rows are processed in vector-wide groups
+with per-lane accumulators; see `render_reduction`.)
+
+Invariant: the rendered function computes, for every element of the space, the body's values
+in body order from loads, literals and earlier values, and stores each body output exactly at
+its strided location; with numel 0 it touches no memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...ir import OPS, Graph, Node, Value
+from ...schedule.cpu import CpuSchedule
+from .analysis import BodyInfo, Leaf, Unsupported
+from .cexpr import FLOATS, compute_type, literal, load_expr, op_expr, storage_type, store_expr
+
+
+@dataclass
+class GenKernel:
+    fn: str  # C function name
+    n_args: int
+    render: Callable[[], str]  # the function's source (plus helpers it needs)
+    schedule: CpuSchedule
+    key: str  # structural key + schedule: equal keys render equal functions
+    info: BodyInfo | None = None  # the loop analysis (pointwise and reduction kernels)
+
+
+def function_name(kernel_key: str, sched: CpuSchedule, tag: str = "k") -> str:
+    h = hashlib.sha256(f"{kernel_key}|{sched.key()}".encode()).hexdigest()[:16]
+    return f"nf_{tag}_{h}"
+
+
+class Code:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str) -> None:
+        self.lines.append("  " * self.depth + line)
+
+    def open(self, line: str) -> None:
+        self(line + " {")
+        self.depth += 1
+
+    def close(self, tail: str = "") -> None:
+        self.depth -= 1
+        self("}" + tail)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+@dataclass
+class Access:
+    name: str  # base-offset variable
+    strides: tuple[int, ...]  # per space dim
+    offset: int
+
+
+def coalesce(dims: list[int], extents: tuple[int, ...], accesses: list[tuple[int, ...]]) -> list[tuple[int, list[int]]]:
+    """Merge dims (outer to inner) whose strides chain for every access; drop unit dims.
+    Returns [(extent, [stride per access])]."""
+    out: list[tuple[int, list[int]]] = []
+    for d in dims:
+        n = extents[d]
+        if n == 1:
+            continue
+        st = [a[d] for a in accesses]
+        if out:
+            pn, pst = out[-1]
+            if all(ps == s * n for ps, s in zip(pst, st, strict=True)):
+                out[-1] = (pn * n, st)
+                continue
+        out.append((n, st))
+    return out
+
+
+def signature(n: int) -> str:
+    return ", ".join(f"void* p{i}" for i in range(n))
+
+
+def _prologue(code: Code, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype]) -> None:
+    for i, dt in enumerate(in_dtypes):
+        st = storage_type(dt)
+        code(f"const {st}* in{i} = (const {st}*)p{i};")
+    for j, dt in enumerate(out_dtypes):
+        st = storage_type(dt)
+        code(f"{st}* out{j} = ({st}*)p{len(in_dtypes) + j};")
+
+
+def body_dtypes(body: Graph) -> tuple[list[torch.dtype], list[torch.dtype]]:
+    return [gi.value.type.dtype for gi in body.inputs], [o.type.dtype for o in body.outputs]
+
+
+def _pointwise_accesses(info: BodyInfo) -> tuple[list[Value], list[tuple[str, tuple[int, ...], int]]]:
+    roots = [s.value for s in info.stores]
+    leaves = [v for v in _leaves_in(info, roots, lambda v: False) if info.leaves[v].kind != "const"]
+    accesses = [(f"a{k}", info.leaves[v].strides, info.leaves[v].offset) for k, v in enumerate(leaves)]
+    for s in info.stores:
+        accesses.append((f"a{len(accesses)}", s.strides, s.offset))
+    return leaves, accesses
+
+
+def pointwise_loops(info: BodyInfo) -> tuple[int, int]:
+    """(outer iterations, inner trip count) of a pointwise loop nest after coalescing."""
+    _, accesses = _pointwise_accesses(info)
+    dims = coalesce(list(range(len(info.space))), info.space, [a[1] for a in accesses])
+    if not dims:
+        return 1, 1
+    return math.prod(d[0] for d in dims[:-1]), dims[-1][0]
+
+
+def reduction_loops(info: BodyInfo) -> tuple[int, int, int, bool]:
+    """(rows, innermost reduced trip count, elements per row, is the innermost space dim reduced)."""
+    kept = [d for d in range(len(info.space)) if d not in info.axes]
+    rows = math.prod(info.space[d] for d in kept)
+    red = math.prod(info.space[a] for a in info.axes)
+    strides = [lf.strides for lf in info.leaves.values() if lf.kind != "const"] + [s.strides for s in info.stores]
+    rdims = coalesce(list(info.axes), info.space, strides)
+    inner = rdims[-1][0] if rdims else 1
+    nontrivial = [d for d in range(len(info.space)) if info.space[d] != 1]
+    inner_reduced = not nontrivial or nontrivial[-1] in info.axes
+    return rows, inner, red, inner_reduced
+
+
+def index_expr(base: str, stride: int, ivar: str = "i") -> str:
+    if stride == 0:
+        return base
+    return f"{base} + {ivar}" if stride == 1 else f"{base} + {ivar} * {stride}"
+
+
+class _Values:
+    """Names and expressions of body values inside the generated loops."""
+
+    def __init__(self, info: BodyInfo, code: Code) -> None:
+        self.info = info
+        self.code = code
+        self.names: dict[Value, str] = {}
+        self.node_index: dict[Value, int] = {}
+        self.counter = 0
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def leaf_expr(self, v: Value, leaf: Leaf, base: str, inner_stride: int, ivar: str) -> str:
+        if leaf.kind == "const":
+            return literal(leaf.value, leaf.dtype)
+        idx = index_expr(base, inner_stride, ivar)
+        if leaf.kind == "load":
+            return load_expr(f"in{leaf.buf}[{idx}]", leaf.dtype)
+        # iota: start + step * element offset, computed like the interpreter (float64 then cast)
+        if leaf.dtype in FLOATS:
+            return f"(float)({float(leaf.start)!r} + {float(leaf.step)!r} * (double)({idx}))"
+        return f"({compute_type(leaf.dtype)})({int(leaf.start)}LL + {int(leaf.step)}LL * ({idx}))"
+
+    def emit_node(self, n: Node) -> str:
+        args = [self.names[self.info.resolve(v)] for v in n.inputs]
+        dts = [v.type.dtype for v in n.inputs]
+        expr = op_expr(n, args, dts)
+        name = self.fresh()
+        self.code(f"const {compute_type(n.outputs[0].type.dtype)} {name} = {expr};")
+        self.names[n.outputs[0]] = name
+        return name
+
+
+def _cone(info: BodyInfo, roots: list[Value], stop) -> list[Node]:
+    """Computed nodes needed for `roots`, in body order, not descending into `stop(v)` values."""
+    producer = {n.outputs[0]: n for n in info.computed}
+    need: set[Value] = set()
+    stack = [info.resolve(r) for r in roots]
+    while stack:
+        v = stack.pop()
+        if v in need or stop(v):
+            continue
+        need.add(v)
+        n = producer.get(v)
+        if n is not None:
+            stack.extend(info.resolve(x) for x in n.inputs)
+    return [n for n in info.computed if n.outputs[0] in need]
+
+
+def _leaves_in(info: BodyInfo, roots: list[Value], stop) -> list[Value]:
+    producer = {n.outputs[0]: n for n in info.computed}
+    out: list[Value] = []
+    seen: set[Value] = set()
+    stack = [info.resolve(r) for r in roots]
+    while stack:
+        v = stack.pop()
+        if v in seen or stop(v):
+            continue
+        seen.add(v)
+        if v in info.leaves:
+            out.append(v)
+        n = producer.get(v)
+        if n is not None:
+            stack.extend(info.resolve(x) for x in n.inputs)
+    return out
+
+
+def _decompose(code: Code, var: str, dims: list[tuple[int, list[int]]], accesses: list[Access], prefix: str) -> None:
+    """Emit base offsets of every access for flat index `var` over `dims` (outer to inner)."""
+    idx_names = []
+    rest = var
+    for k in range(len(dims) - 1, -1, -1):
+        n = dims[k][0]
+        nm = f"{prefix}{k}"
+        if k == 0:
+            code(f"const int64_t {nm} = {rest};")
+        else:
+            code(f"const int64_t {nm} = {rest} % {n};")
+            code(f"const int64_t {prefix}r{k} = {rest} / {n};")
+            rest = f"{prefix}r{k}"
+        idx_names.append((k, nm))
+    for a_i, acc in enumerate(accesses):
+        terms = [str(acc.offset)] if acc.offset else []
+        for k, nm in idx_names:
+            s = dims[k][1][a_i]
+            if s:
+                terms.append(nm if s == 1 else f"{nm} * {s}")
+        code(f"const int64_t {acc.name} = {' + '.join(terms) or '0'};")
+
+
+def _parallel_for(code: Code, sched: CpuSchedule, var: str, count: int) -> None:
+    if sched.threads > 1 and count > 1:
+        code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static)")
+    code.open(f"for (int64_t {var} = 0; {var} < {count}; {var}++)")
+
+
+def render_pointwise(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
+                     sched: CpuSchedule) -> str:
+    code = Code()
+    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
+    _prologue(code, in_dtypes, out_dtypes)
+    if info.numel == 0:
+        code("return 0;")
+        code.close()
+        return code.text()
+    vals = _Values(info, code)
+    roots = [s.value for s in info.stores]
+    leaves, accesses = _pointwise_accesses(info)
+    dims = coalesce(list(range(len(info.space))), info.space, [a[1] for a in accesses])
+    if not dims:
+        dims = [(1, [0] * len(accesses))]
+    inner_n, inner_st = dims[-1]
+    outer = dims[:-1]
+    outer_count = math.prod(d[0] for d in outer)
+    block = sched.block if 0 < sched.block < inner_n else 0
+    nblocks = -(-inner_n // block) if block else 1
+    acc_objs = [Access(a[0], a[1], a[2]) for a in accesses]
+    total = outer_count * nblocks
+    _parallel_for(code, sched, "t", total)
+    if block:
+        code(f"const int64_t lo = (t % {nblocks}) * {block};")
+        code(f"const int64_t hi = lo + {block} < {inner_n} ? lo + {block} : {inner_n};")
+        code(f"const int64_t to = t / {nblocks};")
+        flat = "to"
+    else:
+        code(f"const int64_t lo = 0, hi = {inner_n};")
+        flat = "t"
+    outer_dims_only = [(n, st) for n, st in outer]
+    if outer_dims_only:
+        _decompose(code, flat, outer_dims_only, acc_objs, "o")
+    else:
+        for a in acc_objs:
+            code(f"const int64_t {a.name} = {a.offset};")
+    code("#pragma omp simd")
+    code.open("for (int64_t i = lo; i < hi; i++)")
+    for k, v in enumerate(leaves):
+        lf = info.leaves[v]
+        expr = vals.leaf_expr(v, lf, acc_objs[k].name, inner_st[k], "i")
+        nm = vals.fresh("l")
+        code(f"const {compute_type(lf.dtype)} {nm} = {expr};")
+        vals.names[v] = nm
+    for v, lf in info.leaves.items():
+        if lf.kind == "const":
+            vals.names[v] = literal(lf.value, lf.dtype)
+    for n in _cone(info, roots, lambda v: v in info.leaves):
+        vals.emit_node(n)
+    for k, s in enumerate(info.stores):
+        a = acc_objs[len(leaves) + k]
+        st = inner_st[len(leaves) + k]
+        idx = index_expr(a.name, st)
+        code(f"out{s.buf}[{idx}] = {store_expr(vals.names[s.value], s.dtype)};")
+    code.close()
+    code.close()
+    code("return 0;")
+    code.close()
+    return code.text()
+
+
+# ------------------------------------------------------------------------------ reductions
+_INIT = {"sum": "0", "prod": "1", "max": "lowest", "min": "highest"}
+
+
+def _acc_init(op: str, dtype: torch.dtype) -> str:
+    ct = compute_type(dtype)
+    if op == "sum":
+        return "0.0f" if ct == "float" else "0"
+    if op == "prod":
+        return "1.0f" if ct == "float" else "1"
+    if ct == "float":
+        return "(-__builtin_inff())" if op == "max" else "__builtin_inff()"
+    return f"std::numeric_limits<{ct}>::{'lowest' if op == 'max' else 'max'}()"
+
+
+def _acc_update(op: str, acc: str, x: str) -> str:
+    if op == "sum":
+        return f"{acc} += {x};"
+    if op == "prod":
+        return f"{acc} *= {x};"
+    cmp = ">" if op == "max" else "<"
+    return f"{acc} = {x} {cmp} {acc} ? {x} : {acc};"
+
+
+_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
+                     sched: CpuSchedule) -> str:
+    code = Code()
+    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
+    _prologue(code, in_dtypes, out_dtypes)
+    kept = [d for d in range(len(info.space)) if d not in info.axes]
+    kept_count = math.prod(info.space[d] for d in kept)
+    if kept_count == 0:
+        code("return 0;")
+        code.close()
+        return code.text()
+    vals = _Values(info, code)
+    is_row = info.is_row
+    leaves = [v for v, lf in info.leaves.items() if lf.kind != "const"]
+    accesses = [(f"a{i}", info.leaves[v].strides, info.leaves[v].offset) for i, v in enumerate(leaves)]
+    for s in info.stores:
+        accesses.append((f"a{len(accesses)}", s.strides, s.offset))
+    strides = [a[1] for a in accesses]
+    kdims = coalesce(kept, info.space, strides)
+    rdims = coalesce(list(info.axes), info.space, strides)
+    for v, lf in info.leaves.items():
+        if lf.kind == "const":
+            vals.names[v] = literal(lf.value, lf.dtype)
+    base = [Access(a[0], a[1], a[2]) for a in accesses]
+    rows = math.prod(d[0] for d in kdims)
+    _parallel_for(code, sched, "t", rows)
+    if kdims:
+        _decompose(code, "t", kdims, base, "o")
+    else:
+        for a in base:
+            code(f"const int64_t {a.name} = {a.offset};")
+    leaf_index = {v: i for i, v in enumerate(leaves)}
+    emitted: set[Value] = set(v for v, lf in info.leaves.items() if lf.kind == "const")
+    # summary leaves: loaded once per row
+    for v in leaves:
+        if not is_row(v):
+            nm = vals.fresh("s")
+            code(f"const {compute_type(info.leaves[v].dtype)} {nm} = "
+                 f"{vals.leaf_expr(v, info.leaves[v], base[leaf_index[v]].name, 0, 'i')};")
+            vals.names[v] = nm
+            emitted.add(v)
+    producer = {n.outputs[0]: n for n in info.computed}
+    reductions = [n for n in info.computed if OPS[n.op].has("reduction")]
+    summaries = [n for n in info.computed if not OPS[n.op].has("reduction") and not is_row(n.outputs[0])]
+
+    def inputs_ready(vs) -> bool:
+        return all(info.resolve(x) in emitted for x in vs)
+
+    def emit_summaries() -> None:
+        progress = True
+        while progress:
+            progress = False
+            for n in summaries:
+                if n.outputs[0] not in emitted and inputs_ready(n.inputs):
+                    vals.emit_node(n)
+                    emitted.add(n.outputs[0])
+                    progress = True
+
+    def row_summary_deps(v: Value) -> set[Value]:
+        """Summary values a row value needs."""
+        out: set[Value] = set()
+        for n in _cone(info, [v], lambda x: not is_row(x)):
+            out.update(info.resolve(x) for x in n.inputs if not is_row(x))
+        v = info.resolve(v)
+        if not is_row(v):
+            out.add(v)
+        return out
+
+    emit_summaries()
+    pending = list(reductions)
+    while pending:
+        ready = [r for r in pending if row_summary_deps(r.inputs[0]) <= emitted]
+        if not ready:
+            raise Unsupported("reduction dependencies do not resolve")
+        row_red = [r for r in ready if is_row(r.inputs[0])]
+        for r in ready:
+            if not is_row(r.inputs[0]):  # reduced extent 1: the reduction is its input
+                vals.names[r.outputs[0]] = vals.names[info.resolve(r.inputs[0])]
+                emitted.add(r.outputs[0])
+        if row_red:
+            accs = []
+            for r in row_red:
+                acc = vals.fresh("acc")
+                accs.append(acc)
+                ct = compute_type(r.outputs[0].type.dtype)
+                code(f"{ct} {acc} = {_acc_init(r.op, r.outputs[0].type.dtype)};")
+            clauses = " ".join(f"reduction({_CLAUSE[r.op]}:{a})" for r, a in zip(row_red, accs, strict=True))
+            _row_pass(code, info, vals, rdims, base, leaves, leaf_index, [r.inputs[0] for r in row_red], clauses,
+                      lambda xs, accs=accs, row_red=row_red: [
+                          _acc_update(r.op, a, x) for r, a, x in zip(row_red, accs, xs, strict=True)])
+            for r, a in zip(row_red, accs, strict=True):
+                vals.names[r.outputs[0]] = a
+                emitted.add(r.outputs[0])
+        pending = [r for r in pending if r not in ready]
+        emit_summaries()
+    # stores: row summaries now, row values in a final pass
+    row_stores = [(k, s) for k, s in enumerate(info.stores) if is_row(s.value)]
+    for k, s in enumerate(info.stores):
+        if not is_row(s.value):
+            v = info.resolve(s.value)
+            if v not in vals.names:
+                raise Unsupported("row summary output not computed")
+            code(f"out{s.buf}[{base[len(leaves) + k].name}] = {store_expr(vals.names[v], s.dtype)};")
+    if row_stores:
+        def stores(xs, row_stores=row_stores):
+            lines = []
+            for (k, s), x in zip(row_stores, xs, strict=True):
+                st = _inner_stride(rdims, len(leaves) + k)
+                nm = base_name_inner(len(leaves) + k)
+                idx = index_expr(nm, st)
+                lines.append(f"out{s.buf}[{idx}] = {store_expr(x, s.dtype)};")
+            return lines
+
+        def base_name_inner(k: int) -> str:
+            return f"c{k}" if len(rdims) > 1 else base[k].name
+
+        _row_pass(code, info, vals, rdims, base, leaves, leaf_index, [s.value for _, s in row_stores], "", stores,
+                  extra_accesses=[len(leaves) + k for k, _ in row_stores])
+    del producer
+    code.close()
+    code("return 0;")
+    code.close()
+    return code.text()
+
+
+def _inner_stride(rdims, k: int) -> int:
+    return rdims[-1][1][k] if rdims else 0
+
+
+def _row_pass(code: Code, info: BodyInfo, vals: _Values, rdims, base: list[Access], leaves: list[Value],
+              leaf_index: dict[Value, int], roots: list[Value], clauses: str, finish, extra_accesses=()) -> None:
+    """One pass over a row: loops over the reduced dims (the innermost vectorized), evaluating
+    the row values `roots` and emitting `finish(root names)` lines inside the inner loop."""
+    is_row = info.is_row
+    cone = _cone(info, roots, lambda v: not is_row(v) or v in info.leaves)
+    row_leaves = [v for v in _leaves_in(info, roots, lambda v: not is_row(v)) if v in leaf_index]
+    used = [leaf_index[v] for v in row_leaves] + list(extra_accesses)
+    outer_r = rdims[:-1]
+    inner_n = rdims[-1][0] if rdims else 1
+    depth0 = code.depth
+    for k, (n, _) in enumerate(outer_r):
+        code.open(f"for (int64_t r{k} = 0; r{k} < {n}; r{k}++)")
+    if outer_r:
+        for a in used:
+            terms = [base[a].name] + [f"r{k} * {st[a]}" for k, (_, st) in enumerate(outer_r) if st[a]]
+            code(f"const int64_t c{a} = {' + '.join(terms)};")
+    code(f"#pragma omp simd {clauses}".rstrip())
+    code.open(f"for (int64_t i = 0; i < {inner_n}; i++)")
+    saved = dict(vals.names)
+    for v in row_leaves:
+        a = leaf_index[v]
+        nm = f"c{a}" if outer_r else base[a].name
+        lf = info.leaves[v]
+        expr = vals.leaf_expr(v, lf, nm, _inner_stride(rdims, a), "i")
+        ln = vals.fresh("l")
+        code(f"const {compute_type(lf.dtype)} {ln} = {expr};")
+        vals.names[v] = ln
+    for n in cone:
+        vals.emit_node(n)
+    for line in finish([vals.names[info.resolve(r)] for r in roots]):
+        code(line)
+    vals.names = saved
+    while code.depth > depth0:
+        code.close()

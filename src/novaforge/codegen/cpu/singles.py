@@ -1,0 +1,141 @@
+"""Generated single-node kernels: embedding gathers (`take`) and `cat`.
+
+* take(x, idx, axis): out[o, j, e] = x[o, idx[j], e]; rows of contiguous elements are copied
+  with memcpy; indices are checked (out of range makes the kernel return 1, which the runtime
+  raises as an IndexError, as torch does), rows in parallel when the copy is large.
+* cat(x0, x1, ..., axis): one strided copy loop per input into its slice of the output
+  (rendered by the pointwise loop renderer with an output offset).
+
+Invariant: the functions write every element of their output exactly once from the element
+torch would select, or report an out-of-range index without writing garbage silently.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...ir import OPS, Kernel, Value
+from ...ir.types import TensorType, contiguous_strides
+from ...schedule.cpu import KernelShape, configure
+from ...schedule.target import CpuTarget
+from .analysis import BodyInfo, Leaf, Store, Unsupported, operand
+from .cexpr import check_dtype, storage_type
+from .loops import Code, GenKernel, coalesce, function_name, pointwise_loops, render_pointwise, signature
+
+
+def _node(kernel: Kernel, op: str):
+    nodes = [n for n in kernel.body.nodes if not OPS[n.op].has("view")]
+    if len(nodes) != 1 or nodes[0].op != op:
+        raise Unsupported(f"{op} kernel with extra nodes")
+    if kernel.body.outputs != (nodes[0].outputs[0],) and list(kernel.body.outputs) != [nodes[0].outputs[0]]:
+        raise Unsupported(f"{op} kernel output is a view")
+    return nodes[0]
+
+
+def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    body = kernel.body
+    n = _node(kernel, "take")
+    x, idx = operand(body, n.inputs[0]), operand(body, n.inputs[1])
+    check_dtype(x.dtype)
+    ax = n.attrs["axis"]
+    xs, xst = x.layout.shape, x.layout.strides
+    outer_dims = coalesce(list(range(ax)), xs, [xst])
+    inner_dims = coalesce(list(range(ax + 1, len(xs))), xs, [xst])
+    idx_dims = coalesce(list(range(len(idx.layout.shape))), idx.layout.shape, [idx.layout.strides])
+    if len(outer_dims) > 1 or len(inner_dims) > 1 or len(idx_dims) > 1:
+        raise Unsupported("take from a non-coalescable strided view")
+    outer, o_st = (outer_dims[0][0], outer_dims[0][1][0]) if outer_dims else (1, 0)
+    inner, i_st = (inner_dims[0][0], inner_dims[0][1][0]) if inner_dims else (1, 1)
+    nidx, ix_st = (idx_dims[0][0], idx_dims[0][1][0]) if idx_dims else (1, 0)
+    nidx = math.prod(idx.layout.shape)
+    n_args = len(body.inputs) + 1
+    itemsize = TensorType((), x.dtype).itemsize
+    nbytes = 2.0 * outer * nidx * inner * itemsize
+    sched = configure(KernelShape("pointwise", outer=outer * nidx, inner=inner, bytes=nbytes), target)
+    name = function_name(kernel.structural_key, sched, "g")
+    xa = xs[ax]
+    st = storage_type(x.dtype)
+    it = storage_type(idx.dtype)
+    out_p = f"p{len(body.inputs)}"
+
+    def render() -> str:
+        code = Code()
+        code.open(f"static int {name}({signature(n_args)})")
+        code(f"const {st}* x = (const {st}*)p{x.buf};")
+        code(f"const {it}* ix = (const {it}*)p{idx.buf};")
+        code(f"{st}* out = ({st}*){out_p};")
+        total = outer * nidx
+        if total == 0 or inner == 0:
+            code("return 0;")
+            code.close()
+            return code.text()
+        code("int err = 0;")
+        if sched.threads > 1:
+            code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
+        code.open(f"for (int64_t t = 0; t < {total}; t++)")
+        code(f"const int64_t o = t / {nidx}, j = t % {nidx};")
+        code(f"const int64_t k = (int64_t)ix[{idx.layout.offset} + j * {ix_st}];")
+        code.open(f"if (k < 0 || k >= {xa})")
+        code("err = 1;")
+        code("continue;")
+        code.close()
+        code(f"const {st}* src = x + {x.layout.offset} + o * {o_st} + k * {xst[ax]};")
+        code(f"{st}* dst = out + t * {inner};")
+        if i_st == 1:
+            code(f"std::memcpy(dst, src, {inner * itemsize});")
+        else:
+            code("#pragma omp simd")
+            code(f"for (int64_t e = 0; e < {inner}; e++) dst[e] = src[e * {i_st}];")
+        code.close()
+        code("return err;")
+        code.close()
+        return code.text()
+
+    return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
+
+
+def plan_cat(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    body = kernel.body
+    n = _node(kernel, "cat")
+    out_t = n.outputs[0].type
+    check_dtype(out_t.dtype)
+    ax = n.attrs["axis"]
+    out_strides = contiguous_strides(out_t.shape)
+    parts = []
+    start = 0
+    for v in n.inputs:
+        op = operand(body, v)
+        shape = op.layout.shape
+        leaf_v = Value(TensorType(shape, op.dtype))
+        info = BodyInfo(tuple(shape), ())
+        info.leaves[leaf_v] = Leaf("load", op.dtype, buf=0,
+                                   strides=tuple(0 if s == 1 else st for s, st in zip(shape, op.layout.strides,
+                                                                                        strict=True)),
+                                   offset=op.layout.offset)
+        info.shapes[leaf_v] = tuple(shape)
+        info.stores.append(Store(0, leaf_v, tuple(0 if s == 1 else st for s, st in zip(shape, out_strides,
+                                                                                        strict=True)),
+                                 out_t.dtype, offset=start * out_strides[ax] if math.prod(shape) else 0))
+        outer, inner = pointwise_loops(info)
+        nbytes = 2.0 * math.prod(shape) * out_t.itemsize
+        sched = configure(KernelShape("pointwise", outer=outer, inner=inner, bytes=nbytes), target)
+        parts.append((op.buf, info, sched))
+        start += shape[ax]
+    key = kernel.structural_key + "|" + ";".join(s.key() for _, _, s in parts)
+    name = function_name(key, parts[0][2], "c")
+    n_args = len(body.inputs) + 1
+
+    def render() -> str:
+        chunks = []
+        calls = Code()
+        calls.open(f"static int {name}({signature(n_args)})")
+        calls("int rc;")
+        for i, (buf, info, sched) in enumerate(parts):
+            pname = f"{name}_part{i}"
+            chunks.append(render_pointwise(pname, [out_t.dtype], [out_t.dtype], info, sched))
+            calls(f"if ((rc = {pname}(p{buf}, p{n_args - 1}))) return rc;")
+        calls("return 0;")
+        calls.close()
+        return "".join(chunks) + calls.text()
+
+    return GenKernel(name, n_args, render, parts[0][2], key)

@@ -1,0 +1,216 @@
+"""CpuProgram: runs a compiled graph with one arena and a short list of prepared steps.
+
+Built once by the CPU backend from the planned graph:
+
+* slots: every buffer the program touches has a slot index in one ctypes `void*` array passed
+  to the library's entry points: constants and arena buffers (fixed addresses, written once),
+  inputs and fresh outputs (rewritten at each call);
+* the arena: one uint8 tensor of the memory plan's size (plus scratch for library results),
+  allocated once per program and reused by every call;
+* steps, run in order: `seg` calls one C entry point that runs a run of generated kernels back
+  to back; `matmul` / `sdpa` call the library through precomputed strided views; `torch` runs
+  a kernel body through the interpreter's torch ops and copies the result into its buffers.
+
+Per call the program binds inputs (made contiguous), allocates the fresh outputs (outputs are
+never views of the arena, which the next call overwrites), writes their addresses into the
+slot array and runs the steps. Returns outputs then mutated inputs' new values, exactly like
+`runtime.interpret.interpret`.
+
+Invariant: every slot pointer the library sees during a call addresses a live buffer of the
+slot's type; calls are serialized per program (one arena).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..ir import OPS, Graph, Node
+from ..ir.types import TensorType
+from ..ir.views import Strided
+from .interpret import interpret
+
+
+class KernelIndexError(IndexError):
+    pass
+
+
+@dataclass
+class SlotSpec:
+    kind: str  # const | input | arena | fresh | scratch
+    type: TensorType
+    index: int = 0  # input position | arena/scratch byte offset | fresh output position
+    tensor: torch.Tensor | None = None  # const
+
+
+@dataclass
+class StepSpec:
+    kind: str  # seg | matmul | sdpa | torch
+    seg: str = ""  # entry point name (seg)
+    operands: list[tuple[int, Strided]] = field(default_factory=list)  # (slot, view) library operands
+    out: int = -1  # result slot (matmul, sdpa)
+    attrs: dict = field(default_factory=dict)
+    body: Graph | None = None  # torch
+    ins: list[int] = field(default_factory=list)  # torch: input slots
+    outs: list[int] = field(default_factory=list)  # torch: output slots
+    label: str = ""
+
+
+@dataclass
+class OutputSpec:
+    kind: str  # slot | input | view | const
+    slot: int = -1
+    input: int = -1
+    views: tuple[Node, ...] = ()
+    tensor: torch.Tensor | None = None
+
+
+def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
+    return t.as_strided(lay.shape, lay.strides, t.storage_offset() + lay.offset)
+
+
+class CpuProgram:
+    def __init__(self, lib: ctypes.CDLL | None, slots: list[SlotSpec], steps: list[StepSpec],
+                 outputs: list[OutputSpec], n_inputs: int, arena_bytes: int,
+                 info: dict[str, Any] | None = None) -> None:
+        self.lib = lib
+        self.slots = slots
+        self.steps = steps
+        self.outputs = outputs
+        self.n_inputs = n_inputs
+        self.info = dict(info or {})
+        self.arena = torch.empty(max(arena_bytes, 64), dtype=torch.uint8)
+        self._ptrs = (ctypes.c_void_p * max(len(slots), 1))()
+        self._env: list[torch.Tensor | None] = [None] * len(slots)
+        self._lock = threading.Lock()
+        self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
+        self._fresh: list[tuple[int, TensorType]] = []
+        base = self.arena.data_ptr()
+        for s, spec in enumerate(slots):
+            if spec.kind == "const":
+                t = spec.tensor
+                assert t is not None
+                if not t.is_contiguous() or t.dtype != spec.type.dtype:
+                    t = t.to(spec.type.dtype).contiguous()
+                spec.tensor = t
+                self._env[s] = t
+                self._ptrs[s] = t.data_ptr()
+            elif spec.kind in ("arena", "scratch"):
+                nbytes = spec.type.nbytes
+                view = self.arena[spec.index:spec.index + nbytes].view(spec.type.dtype).view(spec.type.shape)
+                self._env[s] = view
+                self._ptrs[s] = base + spec.index
+            elif spec.kind == "input":
+                self._inputs.append((s, spec.index, spec.type))
+            elif spec.kind == "fresh":
+                self._fresh.append((s, spec.type))
+        self._runners: list[Callable[[], None]] = [self._make_runner(st) for st in steps]
+        self.calls = 0
+
+    # ------------------------------------------------------------------------ steps
+    def _make_runner(self, st: StepSpec) -> Callable[[], None]:
+        env = self._env
+        if st.kind == "seg":
+            assert self.lib is not None
+            fn = getattr(self.lib, st.seg)
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p]
+            ptrs = ctypes.cast(self._ptrs, ctypes.c_void_p)
+            label = st.label
+
+            def run_seg() -> None:
+                rc = fn(ptrs)
+                if rc:
+                    raise KernelIndexError(f"index out of range in a generated gather ({label})")
+
+            return run_seg
+        fixed = all(self.slots[s].kind in ("const", "arena", "scratch") for s, _ in st.operands)
+        out, out_shape = st.out, tuple(st.attrs["out_shape"])
+        if st.kind == "matmul":
+            (sa, la), (sb, lb) = st.operands
+            if fixed and self.slots[out].kind in ("arena", "scratch"):
+                a, b, o = _view(env[sa], la), _view(env[sb], lb), env[out].view(out_shape)
+
+                def run_mm_fixed() -> None:
+                    torch.matmul(a, b, out=o)
+
+                return run_mm_fixed
+
+            def run_mm() -> None:
+                torch.matmul(_view(env[sa], la), _view(env[sb], lb), out=env[out].view(out_shape))
+
+            return run_mm
+        if st.kind == "sdpa":
+            ops = st.operands
+            scale, causal, gqa = st.attrs["scale"], st.attrs["causal"], st.attrs["gqa"]
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+
+            def run_sdpa() -> None:
+                q, k, v = (_view(env[s], lay) for s, lay in ops[:3])
+                mask = _view(env[ops[3][0]], ops[3][1]) if len(ops) == 4 else None
+                r = sdpa(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+                env[out].view(out_shape).copy_(r)
+
+            return run_sdpa
+        assert st.kind == "torch" and st.body is not None
+        body, ins, outs = st.body, st.ins, st.outs
+
+        def run_torch() -> None:
+            res = interpret(body, [env[s] for s in ins])
+            for s, r in zip(outs, res, strict=True):
+                env[s].copy_(r)
+
+        return run_torch
+
+    # ------------------------------------------------------------------------- call
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if len(inputs) != self.n_inputs:
+            raise TypeError(f"compiled program takes {self.n_inputs} inputs, got {len(inputs)}")
+        env, ptrs = self._env, self._ptrs
+        with self._lock:
+            for s, i, ty in self._inputs:
+                t = inputs[i]
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                if t.dtype != ty.dtype or tuple(t.shape) != ty.shape:
+                    raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
+                env[s] = t
+                ptrs[s] = t.data_ptr()
+            for s, ty in self._fresh:
+                t = torch.empty(ty.shape, dtype=ty.dtype)
+                env[s] = t
+                ptrs[s] = t.data_ptr()
+            for r in self._runners:
+                r()
+            result = [self._output(o, inputs) for o in self.outputs]
+            for s, _, _ in self._inputs:
+                env[s] = None
+            for s, _ in self._fresh:
+                env[s] = None
+            self.calls += 1
+        return result
+
+    def _output(self, o: OutputSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        if o.kind == "slot":
+            t = self._env[o.slot]
+            assert t is not None
+            return t
+        if o.kind == "const":
+            assert o.tensor is not None
+            return o.tensor
+        t = inputs[o.input]
+        for n in o.views:
+            t = OPS[n.op].impl([t], n.attrs)
+        return t
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for st in self.steps:
+            kinds[st.kind] = kinds.get(st.kind, 0) + 1
+        return (f"CpuProgram: {len(self.slots)} slots, arena {self.arena.numel()} bytes, steps "
+                + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))

@@ -1,0 +1,110 @@
+"""The analytical CPU configurator: loop shape + CpuTarget -> frozen CpuSchedule.
+
+No candidate is ever timed. The configurator estimates a kernel's single-thread time from its
+bytes and FLOPs with a two-term machine model (streaming bandwidth per core, vector FLOP rate
+per core, both derived from the target's SIMD width) and decides:
+
+* threads: 1 when the estimate is below a few OpenMP fork/join costs (tiny kernels run
+  serially: the fork costs more than it saves), else as many as the estimate pays for, at
+  most the target's threads and the number of parallel iterations;
+* block: a long innermost loop with too few outer iterations to feed every thread is split
+  into blocks (a multiple of the vector width) so that the threads share it;
+* reductions: "row" order (vectorize along the reduced axis, rows in parallel) when the
+  innermost space dimension is reduced, "column" order (vectorize across neighbouring rows,
+  accumulators per lane) when it is kept; a per-row stack buffer (`row_cache`, elements)
+  keeps an expensive row value (one with transcendentals) across passes when the row fits in
+  half of L1, else it is recomputed;
+* attention: query and key/value tile sizes so that a K and a V tile fit in L1 and the score
+  tile stays in registers/L1.
+
+Invariant: `configure` is a pure function of (KernelShape, CpuTarget); schedules are frozen
+data whose `key()` enters cache keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+
+from .target import CpuTarget
+
+FORK_NS = 1500.0  # one OpenMP parallel region (fork + join) on a warm pool, ns
+BYTES_PER_NS_CORE = 12.0  # streaming bandwidth one core sustains from L2/L3, bytes/ns
+GHZ = 2.5
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What the configurator knows about a kernel: its loop nest and its cost."""
+
+    kind: str  # pointwise | reduction | attention
+    outer: int  # parallel iterations (rows for reductions, outer loop trip count for pointwise)
+    inner: int  # innermost (vectorized) loop trip count
+    reduce: int = 0  # elements per row of a reduction
+    inner_reduced: bool = True  # reductions: is the innermost space dim reduced?
+    flops: float = 0.0
+    bytes: float = 0.0
+    passes: int = 1  # reductions: passes over each row
+    expensive_cross_pass: bool = False  # a transcendental row value is read by a later pass
+    head_dim: int = 0  # attention
+    kv_len: int = 0
+    q_len: int = 0
+
+
+@dataclass(frozen=True)
+class CpuSchedule:
+    kind: str
+    threads: int = 1
+    vector: int = 8  # SIMD lanes (floats) of the inner loop
+    block: int = 0  # innermost-loop block shared between threads; 0: not split
+    order: str = "row"  # reductions: row | column
+    row_cache: int = 0  # reductions: stack elements keeping one row value across passes
+    q_tile: int = 0  # attention
+    kv_tile: int = 0
+
+    def key(self) -> str:
+        return "sched(" + ",".join(f"{f.name}={v}" for f, v in zip(fields(self), astuple(self), strict=True)) + ")"
+
+
+def estimate_ns(shape: KernelShape, target: CpuTarget) -> float:
+    """Single-thread time estimate: streaming bytes plus vector FLOPs (2 FMA ports)."""
+    flop_rate = target.vector_floats * 2 * 2 * GHZ * 0.5  # half of peak for mixed code
+    return shape.bytes / BYTES_PER_NS_CORE + shape.flops / flop_rate
+
+
+def _threads_for(est_ns: float, iterations: int, target: CpuTarget) -> int:
+    if target.threads <= 1 or est_ns < 3 * FORK_NS or iterations < 2:
+        return 1
+    pays = int(est_ns // (1.5 * FORK_NS))
+    return max(1, min(target.threads, pays, iterations))
+
+
+def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
+    vec = target.vector_floats
+    est = estimate_ns(shape, target)
+    if shape.kind == "attention":
+        e = max(shape.head_dim, 1)
+        # K and V tiles (2 * kv_tile * e floats) within half of L1
+        kv = max(vec, min(256, (target.l1d_bytes // 2) // (2 * 4 * e) // vec * vec))
+        q = 1 if shape.q_len <= 1 else min(32, max(1, shape.q_len))
+        threads = _threads_for(est, shape.outer, target)
+        return CpuSchedule("attention", threads=threads, vector=vec, q_tile=q, kv_tile=kv)
+    if shape.kind == "reduction":
+        order = "row" if shape.inner_reduced else "column"
+        threads = _threads_for(est, shape.outer, target)
+        row_cache = 0
+        if order == "row" and shape.expensive_cross_pass and 0 < shape.reduce * 4 <= target.l1d_bytes // 2:
+            row_cache = shape.reduce
+        return CpuSchedule("reduction", threads=threads, vector=vec, order=order, row_cache=row_cache)
+    # pointwise (and epilogues)
+    block = 0
+    iterations = shape.outer
+    if target.threads > 1 and shape.outer < 2 * target.threads and shape.inner >= 4 * vec * target.threads:
+        # split the innermost loop so that every thread gets work
+        nblocks = 4 * target.threads
+        block = -(-shape.inner // nblocks)
+        block = -(-block // vec) * vec
+        iterations = shape.outer * -(-shape.inner // block)
+    threads = _threads_for(est, iterations, target)
+    if threads == 1:
+        block = 0
+    return CpuSchedule("pointwise", threads=threads, vector=vec, block=block)
