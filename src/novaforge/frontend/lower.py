@@ -26,6 +26,11 @@ from ..ir.extern import encode
 from ..ir.types import is_float, normalize_axis, normalize_device
 
 
+def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ATen kernels compute 16-bit float math in (float32); other dtypes are unchanged."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class UnsupportedError(NotImplementedError):
     """An op or construct novaforge cannot compile; the message names the op and source line."""
 
@@ -70,10 +75,7 @@ def fake_types(val: Any) -> list[TensorType] | None:
 
 def has_symbolic_shape(val: Any) -> bool:
     vals = val if isinstance(val, list | tuple) else [val]
-    for v in vals:
-        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
-            return True
-    return False
+    return any(isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape) for v in vals)
 
 
 @dataclass
@@ -111,6 +113,16 @@ class LowerCtx:
     @property
     def device(self) -> str:
         return self.out_type.device
+
+    def used_outputs(self) -> set[int]:
+        """Indices of the current multi-output node's results that the graph reads."""
+        used = set()
+        for u in self.fx_node.users:
+            if u.target is operator.getitem and isinstance(u.args[1], int):
+                used.add(u.args[1])
+            else:
+                return set(range(len(self.out_types)))
+        return used
 
     def describe(self, problem: str) -> str:
         target = _target_name(self.fx_node.target) if self.fx_node is not None else "?"
@@ -159,6 +171,12 @@ class LowerCtx:
 
     def cast(self, v: Value, dtype: torch.dtype) -> Value:
         return v if v.type.dtype == dtype else self.emit("cast", [v], dtype=dtype)
+
+    def opmath(self, v: Value) -> Value:
+        """`v` in the dtype ATen computes composite math in: float32 for 16-bit floats (ATen's
+        opmath type), else unchanged. Composite rules compute there and cast the result back,
+        so they round once, as the eager kernel does."""
+        return self.cast(v, opmath_dtype(v.type.dtype))
 
     def tensor(self, a: Any, dtype: torch.dtype) -> Value:
         """A tensor argument, an IR value or a Python number as an IR value of `dtype`."""
@@ -284,7 +302,9 @@ def lower_fx(
         rule = LOWERINGS.get(n.target)
         if rule is None and isinstance(n.target, torch._ops.OpOverload):
             rule = LOWERINGS.get(n.target.overloadpacket)
-        if rule is None:
+        if _all_outputs_empty(n):
+            result = _empty_results(ctx)
+        elif rule is None:
             if not isinstance(n.target, torch._ops.OpOverload):
                 raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
             result = ctx.extern()
@@ -307,6 +327,20 @@ def lower_fx(
     keep = [v for i, v in enumerate(out_values) if i not in {o for _, o in mutations}]
     graph = Graph(graph_inputs, ctx.nodes, keep, muts)
     return graph, ctx
+
+
+def _all_outputs_empty(n: torch.fx.Node) -> bool:
+    """Whether every output of `n` is a tensor with no elements (and `n` draws no random numbers)."""
+    types = fake_types(n.meta.get("val"))
+    if not types or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+        return False
+    return all(t.numel == 0 for t in types)
+
+
+def _empty_results(ctx: LowerCtx) -> Any:
+    """Outputs without elements hold no data: any producer is a zero-size fill."""
+    outs = tuple(ctx.expand(ctx.scalar(0, t.dtype, t.device), t.shape) for t in ctx.out_types)
+    return outs if isinstance(ctx.fx_node.meta.get("val"), list | tuple) else outs[0]
 
 
 def _check_result(ctx: LowerCtx, n: torch.fx.Node, result: Any) -> None:

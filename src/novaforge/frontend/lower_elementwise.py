@@ -3,7 +3,9 @@
 Dtype rule: binary IR ops take operands of one dtype. Arithmetic computes in the ATen result
 dtype (from the FX node's fake value); comparisons compute in the promoted operand dtype
 (`torch.result_type`) and return bool. Python scalars become 0-d `scalar` values of the compute
-dtype. Fills are `expand`s of a scalar, so they cost no memory.
+dtype. Composite rules (several IR ops for one ATen op) compute 16-bit floats in float32 and
+cast back once (`LowerCtx.opmath`), as ATen's kernels do, so they round like eager. Fills are
+`expand`s of a scalar, so they cost no memory.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from ..ir.types import is_float
-from .lower import LowerCtx, UnsupportedError
+from .lower import LowerCtx, UnsupportedError, opmath_dtype
 
 aten = torch.ops.aten
 RULES: dict[Any, Any] = {}
@@ -43,10 +45,11 @@ def _promote(ctx: LowerCtx, a: Any, b: Any) -> torch.dtype:
 def _binary(op: str):
     def lower(ctx: LowerCtx, a, b, *, alpha=1):
         dt = ctx.out_type.dtype
-        x, y = ctx.tensor(a, dt), ctx.tensor(b, dt)
-        if alpha != 1:
-            y = ctx.emit("mul", [y, ctx.scalar(alpha, dt)])
-        return ctx.emit(op, [x, y])
+        if alpha == 1:
+            return ctx.emit(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+        acc = opmath_dtype(dt)  # a op alpha * b rounds once, as in ATen
+        y = ctx.emit("mul", [ctx.tensor(b, acc), ctx.scalar(alpha, acc)])
+        return ctx.cast(ctx.emit(op, [ctx.tensor(a, acc), y]), dt)
 
     return lower
 
@@ -67,13 +70,7 @@ for _op, _targets in {
 
 @rule(aten.rsub.Tensor, aten.rsub.Scalar)
 def _rsub(ctx, a, b, *, alpha=1):
-    return _binary("sub")(ctx, b, a, alpha=1) if alpha == 1 else _binary("sub")(
-        ctx, b, _scaled(ctx, a, alpha))
-
-
-def _scaled(ctx, a, alpha):
-    dt = ctx.out_type.dtype
-    return ctx.emit("mul", [ctx.tensor(a, dt), ctx.scalar(alpha, dt)])
+    return _binary("sub")(ctx, b, a, alpha=alpha)
 
 
 @rule(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
@@ -84,23 +81,36 @@ def _div(ctx, a, b):
 
 @rule(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx, a, b, *, rounding_mode=None):
-    dt = ctx.out_type.dtype
     if rounding_mode is None:
         return _div(ctx, a, b)
-    x, y = ctx.tensor(a, dt), ctx.tensor(b, dt)
-    if is_float(dt):
-        q = ctx.emit("div", [x, y])
-        return ctx.emit("floor" if rounding_mode == "floor" else "trunc", [q])
     if rounding_mode == "floor":
-        return ctx.emit("floor_divide", [x, y])
-    return ctx.extern("integer division with truncation")
+        return _floordiv(ctx, a, b)
+    dt = ctx.out_type.dtype
+    if is_float(dt):  # trunc(a / b), the quotient taken in float32 for 16-bit floats
+        acc = opmath_dtype(dt)
+        return ctx.cast(ctx.emit("trunc", [ctx.emit("div", [ctx.tensor(a, acc), ctx.tensor(b, acc)])]), dt)
+    x, y = ctx.tensor(a, dt), ctx.tensor(b, dt)
+    return trunc_divide(ctx, x, y)
+
+
+def trunc_divide(ctx: LowerCtx, x, y):
+    """Integer division rounding toward zero: the floor quotient, plus one where the division
+    is inexact and the operands' signs differ."""
+    dt, dev = x.type.dtype, x.type.device
+    q = ctx.emit("floor_divide", [x, y])
+    zero = ctx.scalar(0, dt, dev)
+    inexact = ctx.emit("ne", [ctx.emit("remainder", [x, y]), zero])
+    signs_differ = ctx.emit("ne", [ctx.emit("lt", [x, zero]), ctx.emit("lt", [y, zero])])
+    fix = ctx.emit("logical_and", [inexact, signs_differ])
+    return ctx.emit("where", [fix, ctx.emit("add", [q, ctx.scalar(1, dt, dev)]), q])
 
 
 @rule(aten.floor_divide.default, aten.floor_divide.Scalar)
 def _floordiv(ctx, a, b):
+    """`floor_divide` for every dtype: for floats it is ATen's fmod-based floor division, which
+    differs from floor(a / b) when the rounded quotient lands on an integer (1 // 0.1 == 9)."""
     dt = ctx.out_type.dtype
-    x, y = ctx.tensor(a, dt), ctx.tensor(b, dt)
-    return ctx.emit("floor", [ctx.emit("div", [x, y])]) if is_float(dt) else ctx.emit("floor_divide", [x, y])
+    return ctx.emit("floor_divide", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
 
 
 def _compare(op: str):
@@ -116,9 +126,14 @@ for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
         RULES[getattr(getattr(aten, _op), _ov)] = _compare(_op)
 
 
+ROUNDING = frozenset({"floor", "ceil", "round", "trunc"})
+
+
 def _unary(op: str):
     def lower(ctx: LowerCtx, x, *args, **kwargs):
         dt = ctx.out_type.dtype
+        if op in ROUNDING and not is_float(dt):  # integers are already whole
+            return ctx.tensor(x, dt)
         return ctx.emit(op, [ctx.tensor(x, dt)])
 
     return lower
@@ -147,7 +162,7 @@ def _isx(ctx, x):
     return ctx.emit(name, [ctx.val(x)])
 
 
-def _as_bool(ctx: LowerCtx, a: Any):
+def as_bool(ctx: LowerCtx, a: Any):
     if isinstance(a, bool | int | float):
         return ctx.scalar(bool(a), torch.bool)
     v = ctx.val(a)
@@ -158,12 +173,12 @@ def _as_bool(ctx: LowerCtx, a: Any):
 
 @rule(aten.logical_not.default)
 def _lnot(ctx, x):
-    return ctx.emit("logical_not", [_as_bool(ctx, x)])
+    return ctx.emit("logical_not", [as_bool(ctx, x)])
 
 
 def _logical(op: str):
     def lower(ctx, a, b):
-        return ctx.emit(op, [_as_bool(ctx, a), _as_bool(ctx, b)])
+        return ctx.emit(op, [as_bool(ctx, a), as_bool(ctx, b)])
 
     return lower
 
@@ -176,7 +191,7 @@ def _bitwise(op: str, logical: str):
     def lower(ctx, a, b):
         dt = ctx.out_type.dtype
         if dt == torch.bool:
-            return ctx.emit(logical, [_as_bool(ctx, a), _as_bool(ctx, b)])
+            return ctx.emit(logical, [as_bool(ctx, a), as_bool(ctx, b)])
         return ctx.emit(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
 
     return lower
@@ -192,16 +207,16 @@ for _op, _lop, _dunder in (("bitwise_and", "logical_and", "__and__"), ("bitwise_
 @rule(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(ctx, c, a, b):
     dt = ctx.out_type.dtype
-    return ctx.emit("where", [_as_bool(ctx, c), ctx.tensor(a, dt), ctx.tensor(b, dt)])
+    return ctx.emit("where", [as_bool(ctx, c), ctx.tensor(a, dt), ctx.tensor(b, dt)])
 
 
 @rule(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def _masked_fill(ctx, x, mask, value):
     dt = ctx.out_type.dtype
-    return ctx.emit("where", [_as_bool(ctx, mask), ctx.tensor(value, dt), ctx.tensor(x, dt)])
+    return ctx.emit("where", [as_bool(ctx, mask), ctx.tensor(value, dt), ctx.tensor(x, dt)])
 
 
-@rule(aten.clamp.default, aten.clamp.Tensor, aten.clip.default, aten.hardtanh.default)
+@rule(aten.clamp.default, aten.clamp.Tensor, aten.clip.default)
 def _clamp(ctx, x, min=None, max=None):
     dt = ctx.out_type.dtype
     v = ctx.tensor(x, dt)
@@ -210,6 +225,11 @@ def _clamp(ctx, x, min=None, max=None):
     if max is not None:
         v = ctx.emit("minimum", [v, ctx.tensor(max, dt)])
     return v
+
+
+@rule(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    return _clamp(ctx, x, min_val, max_val)
 
 
 @rule(aten.clamp_min.default, aten.clamp_min.Tensor)
@@ -222,74 +242,115 @@ def _clamp_max(ctx, x, m):
     return _clamp(ctx, x, max=m)
 
 
+def composite(fn):
+    """A float activation built from several IR ops: `fn(ctx, v, *args)` gets the input in
+    its opmath dtype (float32 for 16-bit floats); the result is cast back to the ATen dtype."""
+
+    def lower(ctx: LowerCtx, x, *args, **kwargs):
+        return ctx.cast(fn(ctx, ctx.opmath(ctx.val(x)), *args, **kwargs), ctx.out_type.dtype)
+
+    lower.__name__ = fn.__name__
+    lower.__doc__ = fn.__doc__
+    return lower
+
+
+def _s(ctx: LowerCtx, value, v):
+    """A Python number as a scalar of `v`'s dtype and device."""
+    return ctx.scalar(value, v.type.dtype, v.type.device)
+
+
 @rule(aten.leaky_relu.default)
-def _leaky_relu(ctx, x, slope=0.01):
-    v = ctx.val(x)
-    dt = v.type.dtype
-    pos = ctx.emit("gt", [v, ctx.scalar(0, dt)])
-    return ctx.emit("where", [pos, v, ctx.emit("mul", [v, ctx.scalar(slope, dt)])])
+@composite
+def _leaky_relu(ctx, v, slope=0.01):
+    pos = ctx.emit("gt", [v, _s(ctx, 0, v)])
+    return ctx.emit("where", [pos, v, ctx.emit("mul", [v, _s(ctx, slope, v)])])
+
+
+def hardsigmoid(ctx: LowerCtx, v):
+    y = ctx.emit("add", [ctx.emit("div", [v, _s(ctx, 6.0, v)]), _s(ctx, 0.5, v)])
+    return ctx.emit("minimum", [ctx.emit("maximum", [y, _s(ctx, 0.0, v)]), _s(ctx, 1.0, v)])
 
 
 @rule(aten.hardsigmoid.default)
-def _hardsigmoid(ctx, x):
-    v = ctx.val(x)
-    dt = v.type.dtype
-    y = ctx.emit("add", [ctx.emit("div", [v, ctx.scalar(6.0, dt)]), ctx.scalar(0.5, dt)])
-    return ctx.emit("minimum", [ctx.emit("maximum", [y, ctx.scalar(0.0, dt)]), ctx.scalar(1.0, dt)])
+@composite
+def _hardsigmoid(ctx, v):
+    return hardsigmoid(ctx, v)
 
 
 @rule(aten.hardswish.default)
-def _hardswish(ctx, x):
-    return ctx.emit("mul", [ctx.val(x), _hardsigmoid(ctx, x)])
+@composite
+def _hardswish(ctx, v):
+    return ctx.emit("mul", [v, hardsigmoid(ctx, v)])
+
+
+def softplus(ctx: LowerCtx, v, beta=1, threshold=20):
+    bx = ctx.emit("mul", [v, _s(ctx, beta, v)])
+    soft = ctx.emit("div", [ctx.emit("log1p", [ctx.emit("exp", [bx])]), _s(ctx, beta, v)])
+    return ctx.emit("where", [ctx.emit("gt", [bx, _s(ctx, threshold, v)]), v, soft])
 
 
 @rule(aten.softplus.default)
-def _softplus(ctx, x, beta=1, threshold=20):
-    v = ctx.val(x)
-    dt = v.type.dtype
-    bx = ctx.emit("mul", [v, ctx.scalar(beta, dt)])
-    soft = ctx.emit("div", [ctx.emit("log1p", [ctx.emit("exp", [bx])]), ctx.scalar(beta, dt)])
-    return ctx.emit("where", [ctx.emit("gt", [bx, ctx.scalar(threshold, dt)]), v, soft])
+@composite
+def _softplus(ctx, v, beta=1, threshold=20):
+    return softplus(ctx, v, beta, threshold)
 
 
 @rule(aten.mish.default)
-def _mish(ctx, x):
-    return ctx.emit("mul", [ctx.val(x), ctx.emit("tanh", [_softplus(ctx, x)])])
+@composite
+def _mish(ctx, v):
+    return ctx.emit("mul", [v, ctx.emit("tanh", [softplus(ctx, v)])])
 
 
 @rule(aten.elu.default)
-def _elu(ctx, x, alpha=1, scale=1, input_scale=1):
-    v = ctx.val(x)
-    dt = v.type.dtype
-    neg = ctx.emit("mul", [ctx.emit("expm1", [ctx.emit("mul", [v, ctx.scalar(input_scale, dt)])]),
-                           ctx.scalar(alpha, dt)])
-    y = ctx.emit("where", [ctx.emit("gt", [v, ctx.scalar(0, dt)]), v, neg])
-    return y if scale == 1 else ctx.emit("mul", [y, ctx.scalar(scale, dt)])
+@composite
+def _elu(ctx, v, alpha=1, scale=1, input_scale=1):
+    """x * scale where x > 0, else expm1(x * input_scale) * alpha * scale (ATen's coefficients)."""
+    neg = ctx.emit("mul", [ctx.emit("expm1", [ctx.emit("mul", [v, _s(ctx, input_scale, v)])]),
+                           _s(ctx, float(alpha) * float(scale), v)])
+    pos = v if scale == 1 else ctx.emit("mul", [v, _s(ctx, scale, v)])
+    return ctx.emit("where", [ctx.emit("gt", [v, _s(ctx, 0, v)]), pos, neg])
 
 
 @rule(aten.lerp.Scalar, aten.lerp.Tensor)
 def _lerp(ctx, a, b, w):
+    """ATen's two-sided formula: start + w * (end - start) for |w| < 0.5, else
+    end - (end - start) * (1 - w), so that w == 1 gives `end` exactly."""
     dt = ctx.out_type.dtype
-    x, y = ctx.tensor(a, dt), ctx.tensor(b, dt)
-    return ctx.emit("add", [x, ctx.emit("mul", [ctx.tensor(w, dt), ctx.emit("sub", [y, x])])])
+    acc = opmath_dtype(dt)
+    x, y, wt = ctx.tensor(a, acc), ctx.tensor(b, acc), ctx.tensor(w, acc)
+    d = ctx.emit("sub", [y, x])
+    low = ctx.emit("add", [x, ctx.emit("mul", [wt, d])])
+    high = ctx.emit("sub", [y, ctx.emit("mul", [d, ctx.emit("sub", [ctx.scalar(1.0, acc), wt])])])
+    if isinstance(w, int | float):
+        out = low if abs(w) < 0.5 else high
+    else:
+        small = ctx.emit("lt", [ctx.emit("abs", [wt]), ctx.scalar(0.5, acc)])
+        out = ctx.emit("where", [small, low, high])
+    return ctx.cast(out, dt)
 
 
 @rule(aten.addcmul.default)
 def _addcmul(ctx, x, a, b, *, value=1):
+    """x + value * a * b, in ATen's order, in the opmath dtype."""
     dt = ctx.out_type.dtype
-    p = ctx.emit("mul", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+    acc = opmath_dtype(dt)
+    p = ctx.tensor(a, acc)
     if value != 1:
-        p = ctx.emit("mul", [p, ctx.scalar(value, dt)])
-    return ctx.emit("add", [ctx.tensor(x, dt), p])
+        p = ctx.emit("mul", [p, ctx.scalar(value, acc)])
+    p = ctx.emit("mul", [p, ctx.tensor(b, acc)])
+    return ctx.cast(ctx.emit("add", [ctx.tensor(x, acc), p]), dt)
 
 
 @rule(aten.addcdiv.default)
 def _addcdiv(ctx, x, a, b, *, value=1):
+    """x + value * a / b, in ATen's order, in the opmath dtype."""
     dt = ctx.out_type.dtype
-    p = ctx.emit("div", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
+    acc = opmath_dtype(dt)
+    p = ctx.tensor(a, acc)
     if value != 1:
-        p = ctx.emit("mul", [p, ctx.scalar(value, dt)])
-    return ctx.emit("add", [ctx.tensor(x, dt), p])
+        p = ctx.emit("mul", [p, ctx.scalar(value, acc)])
+    p = ctx.emit("div", [p, ctx.tensor(b, acc)])
+    return ctx.cast(ctx.emit("add", [ctx.tensor(x, acc), p]), dt)
 
 
 # ---------------------------------------------------------------------------- creation
@@ -298,10 +359,14 @@ def fill(ctx: LowerCtx, value: Any):
     return ctx.expand(ctx.scalar(value, t.dtype, t.device), t.shape)
 
 
-@rule(aten.full.default, aten.full_like.default, aten.new_full.default)
-def _full(ctx, *args, **kwargs):
-    value = args[1] if len(args) > 1 else kwargs["fill_value"]
-    return fill(ctx, value)
+@rule(aten.full.default, aten.full_like.default)
+def _full(ctx, size_or_like, fill_value, **kwargs):
+    return fill(ctx, fill_value)
+
+
+@rule(aten.new_full.default)
+def _new_full(ctx, x, size, fill_value, **kwargs):
+    return fill(ctx, fill_value)
 
 
 @rule(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty.memory_format,
@@ -390,7 +455,7 @@ def _dropout(ctx, x, p, train):
 
 @rule(aten.native_dropout.default)
 def _native_dropout(ctx, x, p, train):
-    if not train or p == 0:
+    if train is False or p == 0:  # train=None means training, as in ATen
         v = ctx.val(x)
         return v, fill_like(ctx, v, True)
     return ctx.extern("random")

@@ -2,8 +2,13 @@
 
 Composite ops (mean, var, softmax, layer/RMS/batch/group norm, logsumexp, cross-entropy) are
 decomposed into IR primitives here, so that the fuse pass rebuilds each of them as one kernel
-with the same machinery that fuses user-written math. Matmul-like ops become `matmul` (plus
-pointwise bias); scaled-dot-product attention becomes one `attention` node directly.
+with the same machinery that fuses user-written math. They compute 16-bit floats in float32
+(`LowerCtx.opmath`) and cast the results back, as ATen's kernels do. Matmul-like ops become
+`matmul` (plus pointwise bias); scaled-dot-product attention becomes one `attention` node.
+
+Reductions over a zero-size axis produce their identity (sum 0, prod 1, any False, all True,
+logsumexp -inf) as a fill, since there is nothing to reduce; max/min/argmax over one is an
+error in eager too.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 
 from ..ir.types import is_float
 from .lower import LowerCtx, UnsupportedError
-from .lower_elementwise import rule
+from .lower_elementwise import as_bool, fill, rule
 
 aten = torch.ops.aten
 
@@ -29,6 +34,10 @@ def _axes(ctx: LowerCtx, v, dim) -> tuple[int, ...]:
     return tuple(sorted({ctx.axis(d, r) for d in dim}))
 
 
+def reduced_size(v, axes: Sequence[int]) -> int:
+    return math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
+
+
 def reduce(ctx: LowerCtx, op: str, v, axes: Sequence[int], keepdim: bool):
     if v.type.rank == 0:
         return v
@@ -36,22 +45,22 @@ def reduce(ctx: LowerCtx, op: str, v, axes: Sequence[int], keepdim: bool):
 
 
 def mean(ctx: LowerCtx, v, axes: Sequence[int], keepdim: bool):
-    n = math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
     s = reduce(ctx, "sum", v, axes, keepdim)
-    return ctx.emit("div", [s, ctx.scalar(n, v.type.dtype, v.type.device)])
+    return ctx.emit("div", [s, ctx.scalar(reduced_size(v, axes), v.type.dtype, v.type.device)])
 
 
 def variance(ctx: LowerCtx, v, axes, keepdim: bool, correction: float = 0.0):
+    """(var, mean keepdim=True) by two passes: sum((x - mean)^2) / max(n - correction, 0)."""
     m = mean(ctx, v, axes, True)
     d = ctx.emit("sub", [v, m])
     ss = reduce(ctx, "sum", ctx.emit("mul", [d, d]), axes, keepdim)
-    n = math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
+    n = reduced_size(v, axes)
     return ctx.emit("div", [ss, ctx.scalar(max(n - correction, 0), v.type.dtype, v.type.device)]), m
 
 
 @rule(aten.sum.default, aten.sum.dim_IntList)
 def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
-    t = ctx.out_type
+    t = ctx.out_type  # the IR sum accumulates 16-bit floats in float32, as ATen does
     v = ctx.cast(ctx.val(x), t.dtype)
     return reduce(ctx, "sum", v, _axes(ctx, v, dim), keepdim)
 
@@ -59,8 +68,8 @@ def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
 @rule(aten.mean.default, aten.mean.dim)
 def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     t = ctx.out_type
-    v = ctx.cast(ctx.val(x), t.dtype)
-    return mean(ctx, v, _axes(ctx, v, dim), keepdim)
+    v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
+    return ctx.cast(mean(ctx, v, _axes(ctx, v, dim), keepdim), t.dtype)
 
 
 @rule(aten.prod.default, aten.prod.dim_int)
@@ -112,11 +121,13 @@ def _argmax(ctx, x, dim=None, keepdim=False):
 
 @rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
 def _any(ctx, x, dim=None, keepdim=False):
-    from .lower_elementwise import _as_bool
-
-    v = _as_bool(ctx, x)
+    """max / min over bools; the result has ATen's dtype (uint8 for uint8 input)."""
+    v = as_bool(ctx, x)
     is_any = ctx.fx_node.target._overloadpacket is aten.any
-    return reduce(ctx, "max" if is_any else "min", v, _axes(ctx, v, dim), keepdim)
+    axes = _axes(ctx, v, dim)
+    if reduced_size(v, axes) == 0:
+        return fill(ctx, not is_any)
+    return ctx.cast(reduce(ctx, "max" if is_any else "min", v, axes, keepdim), ctx.out_type.dtype)
 
 
 @rule(aten.var.correction, aten.var.dim, aten.var.default, aten.std.correction, aten.std.dim,
@@ -128,23 +139,29 @@ def _var(ctx, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
         unbiased, dim = dim, None
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    t = ctx.out_types[0]
-    v = ctx.cast(ctx.val(x), t.dtype)
+    t = ctx.out_types
+    v = ctx.opmath(ctx.cast(ctx.val(x), t[0].dtype))
     axes = _axes(ctx, v, dim)
     var, m = variance(ctx, v, axes, keepdim, float(correction))
-    out = ctx.emit("sqrt", [var]) if name.startswith("std") else var
+    out = ctx.cast(ctx.emit("sqrt", [var]) if name.startswith("std") else var, t[0].dtype)
     if name.endswith("_mean"):
-        return out, (m if keepdim else ctx.reshape(m, out.type.shape))
+        return out, ctx.cast(m if keepdim else ctx.reshape(m, out.type.shape), t[1].dtype)
     return out
 
 
 @rule(aten.logsumexp.default)
 def _logsumexp(ctx, x, dim, keepdim=False):
-    v = ctx.cast(ctx.val(x), ctx.out_type.dtype)
-    return logsumexp(ctx, v, _axes(ctx, v, dim), keepdim)
+    t = ctx.out_type
+    v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
+    axes = _axes(ctx, v, dim)
+    if reduced_size(v, axes) == 0:
+        return fill(ctx, float("-inf"))
+    return ctx.cast(logsumexp(ctx, v, axes, keepdim), t.dtype)
 
 
 def logsumexp(ctx: LowerCtx, v, axes, keepdim: bool):
+    """max + log(sum(exp(x - max))), with the max replaced by 0 where it is infinite (all -inf
+    gives -inf, any +inf gives +inf, as in ATen)."""
     dt, dev = v.type.dtype, v.type.device
     m = reduce(ctx, "max", v, axes, True)
     finite = ctx.emit("isfinite", [m])
@@ -164,30 +181,33 @@ def softmax(ctx: LowerCtx, v, axis: int, log: bool = False):
     return ctx.emit("div", [e, s])
 
 
+def _softmax_of(ctx: LowerCtx, x, dim, log: bool):
+    t = ctx.out_type
+    v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
+    return ctx.cast(softmax(ctx, v, ctx.axis(dim, max(v.type.rank, 1)), log=log), t.dtype)
+
+
 @rule(aten._softmax.default, aten._log_softmax.default)
 def _softmax(ctx, x, dim, half_to_float=False):
-    t = ctx.out_type
-    v = ctx.cast(ctx.val(x), t.dtype)
-    return softmax(ctx, v, ctx.axis(dim, max(v.type.rank, 1)), log=ctx.fx_node.target is aten._log_softmax.default)
+    return _softmax_of(ctx, x, dim, ctx.fx_node.target is aten._log_softmax.default)
 
 
 @rule(aten.softmax.int, aten.log_softmax.int)
 def _softmax_int(ctx, x, dim, dtype=None):
-    t = ctx.out_type
-    v = ctx.cast(ctx.val(x), t.dtype)
-    return softmax(ctx, v, ctx.axis(dim, max(v.type.rank, 1)), log=ctx.fx_node.target is aten.log_softmax.int)
+    return _softmax_of(ctx, x, dim, ctx.fx_node.target is aten.log_softmax.int)
 
 
 @rule(aten._safe_softmax.default)
 def _safe_softmax(ctx, x, dim, dtype=None):
     """Softmax whose fully masked (all -inf) rows give 0 instead of NaN."""
     t = ctx.out_type
-    v = ctx.cast(ctx.val(x), t.dtype)
+    v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
+    acc = v.type.dtype
     ax = ctx.axis(dim, v.type.rank)
     sm = softmax(ctx, v, ax)
-    ninf = ctx.emit("eq", [v, ctx.scalar(float("-inf"), t.dtype)])
+    ninf = ctx.emit("eq", [v, ctx.scalar(float("-inf"), acc)])
     allmasked = reduce(ctx, "min", ninf, (ax,), True)
-    return ctx.emit("where", [allmasked, ctx.scalar(0.0, t.dtype), sm])
+    return ctx.cast(ctx.emit("where", [allmasked, ctx.scalar(0.0, acc), sm]), t.dtype)
 
 
 # ------------------------------------------------------------------------------- norms
@@ -208,14 +228,13 @@ def _affine(ctx: LowerCtx, y, weight, bias, shape_tail: Sequence[int] | None = N
 
 def layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
     v = ctx.val(x)
-    dt = v.type.dtype
-    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    vf = ctx.cast(v, acc)
+    vf = ctx.opmath(v)
+    acc = vf.type.dtype
     axes = tuple(range(v.type.rank - len(normalized_shape), v.type.rank))
     var, m = variance(ctx, vf, axes, True)
     rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, acc)])])
     y = ctx.emit("mul", [ctx.emit("sub", [vf, m]), rstd])
-    return ctx.cast(_affine(ctx, y, weight, bias), dt), m, rstd
+    return ctx.cast(_affine(ctx, y, weight, bias), v.type.dtype), m, rstd
 
 
 @rule(aten.native_layer_norm.default)
@@ -232,74 +251,110 @@ def _layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudn
 
 @rule(aten.rms_norm.default)
 def _rms_norm(ctx, x, normalized_shape, weight=None, eps=None):
+    """ATen's composite: x * rsqrt(mean(x^2) + eps) in float32, cast back, then * weight; the
+    default eps is float32's machine epsilon (the opmath type's), also for 16-bit inputs."""
     v = ctx.val(x)
     dt = v.type.dtype
-    acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    vf = ctx.opmath(v)
+    acc = vf.type.dtype
     if eps is None:
-        eps = torch.finfo(dt).eps
-    vf = ctx.cast(v, acc)
+        eps = torch.finfo(acc).eps
     axes = tuple(range(v.type.rank - len(normalized_shape), v.type.rank))
     ms = mean(ctx, ctx.emit("mul", [vf, vf]), axes, True)
     y = ctx.emit("mul", [vf, ctx.emit("rsqrt", [ctx.emit("add", [ms, ctx.scalar(eps, acc)])])])
-    return _affine(ctx, ctx.cast(y, dt), weight, None)
+    out = _affine(ctx, ctx.cast(y, dt), weight, None)
+    return ctx.cast(out, ctx.out_type.dtype)
 
 
 def _bn_shape(v) -> tuple[int, ...]:
     return (v.type.shape[1],) + (1,) * (v.type.rank - 2)
 
 
+def _stat(ctx: LowerCtx, a, dtype, shape):
+    return ctx.reshape(ctx.cast(ctx.val(a), dtype), shape)
+
+
+def batch_norm(ctx: LowerCtx, x, weight, bias, running_mean, running_var, training: bool, momentum, eps):
+    """-> y, save_mean [C], save_rstd [C], new running mean or None, new running var or None.
+    Training uses the batch statistics (biased variance to normalize, unbiased for the running
+    update); eval uses the running statistics. Math in the opmath dtype."""
+    v = ctx.val(x)
+    vf = ctx.opmath(v)
+    acc = vf.type.dtype
+    c = v.type.shape[1]
+    shp = _bn_shape(v)
+    if not training:
+        m = _stat(ctx, running_mean, acc, shp)
+        var = _stat(ctx, running_var, acc, shp)
+    else:
+        axes = tuple(i for i in range(v.type.rank) if i != 1)
+        var, m = variance(ctx, vf, axes, True)
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, acc)])])
+    y = _affine(ctx, ctx.emit("mul", [ctx.emit("sub", [vf, m]), rstd]), weight, bias, shp)
+    y = ctx.cast(y, v.type.dtype)
+    m1, rstd1 = ctx.reshape(m, (c,)), ctx.reshape(rstd, (c,))
+    if not training or running_mean is None:
+        return y, m1, rstd1, None, None
+    n = v.type.numel // max(c, 1)
+    unbiased = ctx.emit("mul", [ctx.reshape(var, (c,)), ctx.scalar(n / max(n - 1, 1), acc)])
+    new = []
+    for old, cur in ((running_mean, m1), (running_var, unbiased)):
+        o = ctx.val(old)
+        odt = o.type.dtype
+        new.append(ctx.emit("add", [ctx.emit("mul", [o, ctx.scalar(1 - momentum, odt)]),
+                                    ctx.emit("mul", [ctx.cast(cur, odt), ctx.scalar(momentum, odt)])]))
+    return y, m1, rstd1, new[0], new[1]
+
+
+def _bn_outputs(ctx: LowerCtx, y, m, rstd, new_rm, new_rv, running_mean, running_var):
+    """ATen's output tuple: saved statistics are empty in eval mode; the functional variant
+    also returns the (updated or unchanged) running statistics."""
+    t = ctx.out_types
+    saved = [ctx.cast(s, tt.dtype) if tt.shape == s.type.shape else ctx.expand(
+        ctx.scalar(0, tt.dtype, tt.device), tt.shape) for s, tt in zip((m, rstd), t[1:3], strict=True)]
+    outs = [y, *saved]
+    if len(t) == 5:
+        outs += [new_rm if new_rm is not None else ctx.val(running_mean),
+                 new_rv if new_rv is not None else ctx.val(running_var)]
+    return tuple(outs)
+
+
 @rule(aten._native_batch_norm_legit_no_training.default)
 def _bn_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
-    v = ctx.val(x)
-    dt = v.type.dtype
-    shp = _bn_shape(v)
-    rm = ctx.reshape(ctx.cast(ctx.val(running_mean), dt), shp)
-    rv = ctx.reshape(ctx.cast(ctx.val(running_var), dt), shp)
-    rstd = ctx.emit("rsqrt", [ctx.emit("add", [rv, ctx.scalar(eps, dt)])])
-    y = _affine(ctx, ctx.emit("mul", [ctx.emit("sub", [v, rm]), rstd]), weight, bias, shp)
-    t = ctx.out_types
-    empty = [ctx.expand(ctx.scalar(0, tt.dtype, tt.device), tt.shape) for tt in t[1:]]
-    return (y, *empty)
+    y, m, rstd, _, _ = batch_norm(ctx, x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return _bn_outputs(ctx, y, m, rstd, None, None, running_mean, running_var)
 
 
-@rule(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
-      aten.native_batch_norm.default)
-def _bn_train(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+@rule(aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default)
+def _bn(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training and running_mean is not None and ctx.fx_node.target is aten.native_batch_norm.default:
+        raise UnsupportedError(ctx.describe(
+            "training-mode batch norm updates its running statistics in place; capture must "
+            "functionalize it (_native_batch_norm_legit_functional)"))
+    outs = batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _bn_outputs(ctx, *outs, running_mean, running_var)
+
+
+@rule(aten._native_batch_norm_legit.no_stats)
+def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
     if not training:
-        out = _bn_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps)
-        return out + ((ctx.val(running_mean), ctx.val(running_var)) if len(ctx.out_types) == 5 else ())
-    v = ctx.val(x)
-    dt = v.type.dtype
-    axes = tuple(i for i in range(v.type.rank) if i != 1)
-    var, m = variance(ctx, v, axes, True)
-    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, dt)])])
-    y = _affine(ctx, ctx.emit("mul", [ctx.emit("sub", [v, m]), rstd]), weight, bias, _bn_shape(v))
-    c = v.type.shape[1]
-    m1, rstd1 = ctx.reshape(m, (c,)), ctx.reshape(rstd, (c,))
-    outs = [y, m1, rstd1]
-    if len(ctx.out_types) == 5:
-        n = v.type.numel // max(c, 1)
-        unbiased = ctx.emit("mul", [ctx.reshape(var, (c,)), ctx.scalar(n / max(n - 1, 1), dt)])
-        new_rm, new_rv = [], []
-        for old, cur, acc in ((running_mean, m1, new_rm), (running_var, unbiased, new_rv)):
-            o = ctx.val(old)
-            upd = ctx.emit("add", [ctx.emit("mul", [o, ctx.scalar(1 - momentum, o.type.dtype)]),
-                                   ctx.emit("mul", [ctx.cast(cur, o.type.dtype), ctx.scalar(momentum, o.type.dtype)])])
-            acc.append(upd)
-        outs += [new_rm[0], new_rv[0]]
-    return tuple(outs)
+        raise UnsupportedError(ctx.describe("eval-mode batch norm without running statistics"))
+    y, m, rstd, _, _ = batch_norm(ctx, x, weight, bias, None, None, True, momentum, eps)
+    return _bn_outputs(ctx, y, m, rstd, None, None, None, None)
 
 
 @rule(aten.native_group_norm.default)
 def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
     v = ctx.val(x)
-    dt = v.type.dtype
-    g = ctx.reshape(v, (n, group, v.type.numel // max(n * group, 1)))
+    vf = ctx.opmath(v)
+    acc = vf.type.dtype
+    g = ctx.reshape(vf, (n, group, v.type.numel // max(n * group, 1)))
     var, m = variance(ctx, g, (2,), True)
-    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, dt)])])
+    rstd = ctx.emit("rsqrt", [ctx.emit("add", [var, ctx.scalar(eps, acc)])])
     y = ctx.reshape(ctx.emit("mul", [ctx.emit("sub", [g, m]), rstd]), v.type.shape)
-    y = _affine(ctx, y, weight, bias, _bn_shape(v))
-    return y, ctx.reshape(m, (n, group)), ctx.reshape(rstd, (n, group))
+    y = ctx.cast(_affine(ctx, y, weight, bias, _bn_shape(v)), v.type.dtype)
+    t = ctx.out_types
+    return y, ctx.cast(ctx.reshape(m, (n, group)), t[1].dtype), ctx.cast(ctx.reshape(rstd, (n, group)), t[2].dtype)
 
 
 # ------------------------------------------------------------------------------ matmul
@@ -362,6 +417,7 @@ def _outer(ctx, a, b):
 
 # --------------------------------------------------------------------------- attention
 def attention(ctx: LowerCtx, q, k, v, mask, is_causal: bool, scale):
+    """One `attention` node; rank-2 q/k/v (no head axis) get a unit head axis around it."""
     qv, kv, vv = (ctx.val(a) for a in (q, k, v))
     dt = qv.type.dtype
     if not is_float(dt):
@@ -371,7 +427,10 @@ def attention(ctx: LowerCtx, q, k, v, mask, is_causal: bool, scale):
     if mask is not None:
         m = ctx.val(mask)
         ins.append(m if m.type.dtype == torch.bool else ctx.cast(m, dt))
-    return ctx.emit("attention", ins, scale=scale, causal=bool(is_causal))
+    if qv.type.rank == 2:
+        ins = [ctx.reshape(a, (1,) + a.type.shape) for a in ins]
+    out = ctx.emit("attention", ins, scale=scale, causal=bool(is_causal))
+    return ctx.reshape(out, ctx.out_types[0].shape)
 
 
 @rule(aten.scaled_dot_product_attention.default)
@@ -385,6 +444,8 @@ def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale
 def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p:
         return ctx.extern("attention dropout")
+    if ctx.used_outputs() - {0}:
+        return ctx.extern("attention's logsumexp output is used")
     out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
     return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
 
@@ -414,8 +475,8 @@ def _nll_loss(ctx, logp, target, weight, reduction, ignore_index):
     validf = ctx.cast(valid, dt)
     losses = ctx.emit("mul", [ctx.emit("neg", [picked]), validf])
     total = reduce(ctx, "sum", validf, (0,), False)
-    if reduction == 0:
-        return ctx.reshape(losses, ctx.out_types[0].shape), total
+    if reduction == 0:  # ATen's total_weight is 0 without a reduction
+        return ctx.reshape(losses, ctx.out_types[0].shape), ctx.scalar(0.0, dt, dev)
     s = reduce(ctx, "sum", losses, (0,), False)
     if reduction == 1:
         s = ctx.emit("div", [s, total])

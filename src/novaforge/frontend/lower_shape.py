@@ -230,6 +230,8 @@ def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, s
 @rule(aten.index_select.default)
 def _index_select(ctx, x, dim, index):
     v = ctx.val(x)
+    if v.type.rank == 0:  # a 0-d input takes its only element (index shape [1]) and stays 0-d
+        return ctx.reshape(ctx.emit("take", [ctx.reshape(v, (1,)), ctx.val(index)], axis=0), ())
     return ctx.emit("take", [v, ctx.val(index)], axis=ctx.axis(dim, v.type.rank))
 
 

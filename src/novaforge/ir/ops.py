@@ -253,15 +253,11 @@ def _reduce_impl(fn):
     return impl
 
 
-def _amax(x, axes, keepdim):
-    if x.numel() == 0:
-        raise ValueError("max of an empty tensor")
+def _amax(x, axes, keepdim):  # torch raises only when a reduced axis is empty
     return torch.amax(x, dim=axes, keepdim=keepdim)
 
 
 def _amin(x, axes, keepdim):
-    if x.numel() == 0:
-        raise ValueError("min of an empty tensor")
     return torch.amin(x, dim=axes, keepdim=keepdim)
 
 

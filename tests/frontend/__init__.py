@@ -1,0 +1,1 @@
+"""Tests of the frontend: ATen lowering rules against eager, capture errors, recompilation."""
