@@ -54,7 +54,7 @@ def _b_layout(K: int, N: int, layout: str) -> torch.Tensor:
 
 
 SHAPES = [(1, 1, 1), (3, 17, 5), (17, 33, 3), (33, 255, 17), (6, 16, 16), (7, 1, 31), (128, 64, 48), (2, 300, 129),
-          (255, 17, 33), (13, 513, 40)]
+          (255, 17, 33), (13, 513, 40), (9, 40, 1100)]  # wide N: A is packed (many panels reuse it)
 
 
 def test_reference_bound_can_fail():
@@ -244,15 +244,18 @@ def test_tile_callback_sees_final_tiles_once():
     assert max(errors) < 1e-4
 
 
-@pytest.mark.parametrize("variant", [("generic", ()), ("avx2", ("-DNF_GEMM_MR=12",)), ("avx2", ("-DNF_GEMM_MR=3",))])
+@pytest.mark.parametrize(
+    "variant",
+    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=8", "-DNF_GEMM_NV=3")), ("avx2", ("-DNF_GEMM_MR=3",))],
+)
 def test_other_builds(variant):
-    """The portable fallback, and the tile heights other ISAs use (AVX-512: 12 rows), on this machine."""
+    """The portable fallback, and other tile shapes (AVX-512 uses 8 x 3 vectors) on this machine's ISA."""
     isa, extra = variant
     lib = build.load(isa, extra)
     with ops.using(lib):
         if extra:
             assert lib.nf_sgemm_mr() == int(extra[0].split("=")[1])
-        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33)]:
+        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33), (10, 20, 1601)]:
             a, b, bias, res = torch.randn(M, K), torch.randn(N, K).t(), torch.randn(N), torch.randn(M, N)
             pre, scale = _ref(a, b)
             for act in ("none", "gelu_erf", "silu"):

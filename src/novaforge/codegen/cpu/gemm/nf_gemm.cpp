@@ -6,7 +6,7 @@
  * scratch buffers and the blocking parameters, so disjoint blocks may run concurrently.
  *
  * Loop nest per block (GotoBLAS / BLIS blocking, B micro-panel resident in L1):
- *   for MC-high row block         (pack these rows of A for all K once, k-major micro-panels)
+ *   for MC-high row block         (A read in place, or packed once for all K: see pack_a)
  *     for NC-wide column block    (the MC x NC block of C stays in L2 across K blocks)
  *       for KC-deep K block       (unpacked B: pack this KC x NC block now)
  *         for each NR panel       (KC x NR of B stays in L1; packed B streams from L3/memory)
@@ -130,19 +130,19 @@ int row_tiles(long rows, int* sizes) {
     return n;
 }
 
-/* dst[k*R + i] = A(r0 + i, k0 + k) */
+/* dst[k*R + i] = A(r0 + i, k) for k < K: one k-major micro-panel of R rows (float32) */
 template <typename T>
-void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long k0, long kc, float* dst) {
+void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* dst) {
     for (int i = 0; i < R; ++i) {
-        const T* src = A + (r0 + i) * rs + k0 * cs;
+        const T* src = A + (r0 + i) * rs;
         float* d = dst + i;
         if (cs == 1) {
-            for (long k = 0; k < kc; ++k) {
+            for (long k = 0; k < K; ++k) {
                 if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k]);
                 else d[k * R] = src[k];
             }
         } else {
-            for (long k = 0; k < kc; ++k) {
+            for (long k = 0; k < K; ++k) {
                 if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k * cs]);
                 else d[k * R] = src[k * cs];
             }
@@ -177,6 +177,11 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
     }
 }
 
+#ifndef NF_GEMM_PACK_A_MIN_PANELS
+#define NF_GEMM_PACK_A_MIN_PANELS 32
+#endif
+constexpr long kPackAMinPanels = NF_GEMM_PACK_A_MIN_PANELS;
+
 void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     if (m0 >= m1 || n0 >= n1) return;
     const Blocking& bl = blocking();
@@ -191,7 +196,8 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     long ncp = std::max(4L, bl.l2 / 4 / (mc * NR * 4));
     if (!P.Bp) ncp = std::min(ncp, std::max(1L, bl.nc / NR));
     Scratch& ws = t_scratch;
-    float* abuf = Scratch::grow(ws.a, ws.a_cap, (mc + MR) * std::max(K, 1L) + 16);
+    const bool pack_a = P.a_bf16 || P.cs_a != 1 || p1 - p0 >= kPackAMinPanels;
+    float* abuf = pack_a ? Scratch::grow(ws.a, ws.a_cap, mc * std::max(K, 1L) + 16) : nullptr;
     float* bbuf = P.Bp ? nullptr : Scratch::grow(ws.b, ws.b_cap, ncp * NR * kcb + 16);
 
     float* C = P.C + bi * P.bs_c;
@@ -204,19 +210,21 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     for (long ic = m0; ic < m1; ic += mc) {
         const long mcb = std::min(mc, m1 - ic);
         const int nt = row_tiles(mcb, tiles);
-        // pack these rows of A for all of K once: K block kb at abuf + k0*mcb, tile at + roff*kc
-        for (long kb = 0; kb < nk; ++kb) {
-            const long k0 = kb * kcb, kc = std::min(kcb, K - k0);
+        // Row-major float32 A is read in place unless many panels will reuse it: then (and for
+        // strided or bf16 A) these rows are packed once, for all K, into k-major micro-panels.
+        if (pack_a) {
             long roff = 0;
             for (int t = 0; t < nt; ++t) {
-                float* dst = abuf + k0 * mcb + roff * kc;
                 if (P.a_bf16)
-                    pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc, dst);
+                    pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], K,
+                                abuf + roff * K);
                 else
-                    pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], k0, kc, dst);
+                    pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], K,
+                                abuf + roff * K);
                 roff += tiles[t];
             }
         }
+        const float* a_in_place = (const float*)P.A + bi * P.bs_a + ic * P.rs_a;
         for (long pj = p0; pj < p1; pj += ncp) {
             const long pje = std::min(p1, pj + ncp);
             for (long kb = 0; kb < nk; ++kb) {
@@ -235,7 +243,6 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                         pstride = kc * NR;
                     }
                 }
-                const float* ablk = abuf + k0 * mcb;
                 for (long p = pj; p < pje; ++p) {
                     const long col0 = p * NR;
                     nfk::TileOut o;
@@ -252,7 +259,10 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                     for (int t = 0; t < nt; ++t) {
                         o.c = C + (ic + roff) * P.ldc + col0;
                         o.res = res ? res + (ic + roff) * ldr + col0 : nullptr;
-                        nfk::kernels[tiles[t]](kc, ablk + roff * kc, bp, o);
+                        if (pack_a)
+                            nfk::kernels[tiles[t]](kc, abuf + roff * K + k0 * tiles[t], 1, tiles[t], bp, o);
+                        else
+                            nfk::kernels[tiles[t]](kc, a_in_place + roff * P.rs_a + k0, P.rs_a, 1, bp, o);
                         roff += tiles[t];
                     }
                     if (last && ep && ep->tile_fn)

@@ -1,10 +1,11 @@
 /* nf_gemm_kernel.h — register-blocked micro-kernel and its fused tile epilogue.
  *
- * Invariant: ukernel<R> computes one R x NR tile  acc = Ap[kc x R]^T-panel @ Bp[kc x NR]-panel
+ * Invariant: ukernel<R> computes one R x NR tile  acc[i][:] = sum_k A(i, k) * Bp[k*NR + :]
  * entirely in registers (R*NV accumulators) and then writes it to C exactly once:
  *   C = act(acc + [C_old] + [bias]) + [residual]   on the lanes [lo, hi) of the tile only.
- * Ap is k-major (Ap[k*R + i]), Bp is k-major (Bp[k*NR + j]); both are produced by the packers
- * in nf_gemm.cpp. Lanes outside [lo, hi) are never read from or written to C/bias/residual.
+ * A(i, k) = ap[i*rsa + k*csa]: A in place (rsa = row stride, csa = 1) or a packed k-major
+ * micro-panel (rsa = 1, csa = R). Bp is a k-major panel from the packers in nf_gemm.cpp.
+ * Lanes outside [lo, hi) are never read from or written to C/bias/residual.
  * Internal header of nf_gemm.cpp.
  */
 #ifndef NF_GEMM_KERNEL_H
@@ -18,16 +19,26 @@
 namespace nfk {
 using namespace nfs;
 
+/* Tile shape MR x (NV vectors). AVX-512: 8 x 48 = 24 zmm accumulators + 3 B vectors + 1
+ * broadcast, 11 loads per 24 FMAs, 8 row pointers + index fit the 16 GPRs (12 x 32 would not:
+ * A is read in place through one pointer per row). AVX2: 6 x 16 = 12 ymm accumulators + 2 B
+ * vectors + 1 broadcast (the classic Haswell/Zen shape). Overrides exist for tests. */
 #if defined(NF_GEMM_MR)
-constexpr int MR = NF_GEMM_MR;  // override (tests: exercise the AVX-512 tile height on AVX2)
+constexpr int MR = NF_GEMM_MR;
 #elif NF_ISA == 2
-constexpr int MR = 12;  // 24 zmm accumulators + 2 B vectors + 1 broadcast
+constexpr int MR = 8;
 #elif NF_ISA == 1
-constexpr int MR = 6;   // 12 ymm accumulators + 2 B vectors + 1 broadcast
+constexpr int MR = 6;
 #else
 constexpr int MR = 4;
 #endif
-constexpr int NV = 2;       // vectors per tile row
+#if defined(NF_GEMM_NV)
+constexpr int NV = NF_GEMM_NV;
+#elif NF_ISA == 2
+constexpr int NV = 3;
+#else
+constexpr int NV = 2;
+#endif
 constexpr int NR = NV * W;  // tile width = packed panel width
 
 /* What happens to a finished tile. Pointers are pre-offset to the tile's lane 0 (column
@@ -114,7 +125,7 @@ NF_INLINE void finish_tile(vf (&acc)[R][NV], const TileOut& t) {
 }
 
 template <int R>
-__attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, const float* __restrict bp,
+__attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, long rsa, long csa, const float* __restrict bp,
                                        const TileOut& t) {
     vf acc[R][NV];
 #pragma GCC unroll 16
@@ -140,7 +151,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, cons
             }
 #pragma GCC unroll 16
             for (int i = 0; i < R; ++i) {
-                const vf a0 = vset1(ap[k * R + i]), a1 = vset1(ap[(k + 1) * R + i]);
+                const vf a0 = vset1(ap[i * rsa + k * csa]), a1 = vset1(ap[i * rsa + (k + 1) * csa]);
 #pragma GCC unroll 4
                 for (int j = 0; j < NV; ++j) {
                     acc[i][j] = vfma(a0, b0[j], acc[i][j]);
@@ -151,7 +162,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, cons
         if (k < kc) {
 #pragma GCC unroll 16
             for (int i = 0; i < R; ++i) {
-                const vf a0 = vset1(ap[k * R + i]);
+                const vf a0 = vset1(ap[i * rsa + k * csa]);
 #pragma GCC unroll 4
                 for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a0, vload(bp + k * NR + j * W), acc[i][j]);
             }
@@ -168,7 +179,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, cons
             for (int j = 0; j < NV; ++j) b[j] = vload(bp + k * NR + j * W);
 #pragma GCC unroll 16
             for (int i = 0; i < R; ++i) {
-                const vf a = vset1(ap[k * R + i]);
+                const vf a = vset1(ap[i * rsa + k * csa]);
 #pragma GCC unroll 4
                 for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a, b[j], acc[i][j]);
             }
@@ -177,7 +188,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, cons
     finish_tile<R>(acc, t);
 }
 
-typedef void (*ukernel_fn)(long, const float*, const float*, const TileOut&);
+typedef void (*ukernel_fn)(long, const float*, long, long, const float*, const TileOut&);
 
 template <size_t... I>
 constexpr std::array<ukernel_fn, sizeof...(I) + 1> make_kernel_table(std::index_sequence<I...>) {
