@@ -1,0 +1,1 @@
+"""The Triton (GPU) backend: analysis of kernel bodies, Triton renderers, loader and runtime."""

@@ -1,0 +1,234 @@
+"""TritonBackend: fused GPU kernels in Triton, scheduled analytically, run from one arena.
+
+Invariant: `build(graph, options)` returns a `TritonProgram` that computes what the reference
+interpreter computes for the same graph. Each `kernel` node runs as generated Triton code when
+`analysis.analyze` accepts its body (pointwise, row reductions, matmul with prologue views and
+elementwise epilogue, flash attention, take/cat gathers), else through torch on the same device
+(executor "torch": other index ops, scans, externs, anything the analysis rejects; the reason is
+kept in `reasons`). Schedules come from schedule/gpu.py (no benchmarking). Compiled kernels are cached
+in memory by (structural key, schedule, target, mode): identical layers share one kernel.
+
+On a CUDA graph the kernels run on the GPU; on a CPU graph they run in Triton's interpreter
+(TRITON_INTERPRET=1, set by the loader around each import), which is how the tests run them.
+
+Options (novaforge.compile(..., **options)): tf32 (True: float32 matmuls and attention on TF32
+tensor cores), cuda_graphs (True: capture and replay static-shape programs), matmul_loader
+("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from ...ir import OPS, Graph, Kernel
+from ...schedule import gpu as sched_gpu
+from . import loader
+from .analysis import BodyInfo, Unsupported, analyze
+from .program import Step, TritonProgram
+from .render import KernelSource, render_pointwise, render_reduction
+from .render_attention import render_attention
+from .render_gather import render_gather
+from .render_matmul import MatmulLayout, render_matmul
+
+VERSION = "triton-backend-1"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:  # pragma: no cover - triton is an optional dependency
+        return "absent"
+
+
+class TritonBackend:
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._target: sched_gpu.GpuTarget | None = None
+        self._infos: dict[str, BodyInfo | None] = {}
+        self.reasons: dict[str, str] = {}  # structural key -> why the kernel runs through torch
+        self._kernels: dict[tuple, tuple[KernelSource, Any]] = {}
+        self.compiled = 0  # kernels rendered and loaded (cache misses)
+
+    # -- protocol -----------------------------------------------------------------------------
+    def target(self) -> sched_gpu.GpuTarget:
+        if self._target is None:
+            self._target = sched_gpu.default_target()
+        return self._target
+
+    def hash(self) -> str:
+        return f"{VERSION}|triton-{_triton_version()}"
+
+    def executor_for(self, kernel: Kernel) -> str:
+        return "triton" if self.info(kernel) is not None else "torch"
+
+    def info(self, kernel: Kernel) -> BodyInfo | None:
+        key = kernel.structural_key
+        if key not in self._infos:
+            try:
+                self._infos[key] = analyze(kernel)
+            except Unsupported as e:
+                self._infos[key] = None
+                self.reasons[key] = f"{kernel.name}: {e}"
+        return self._infos[key]
+
+    # -- schedules ----------------------------------------------------------------------------
+    def schedule(self, info: BodyInfo, target: sched_gpu.GpuTarget, options: dict[str, Any]) -> Any:
+        tf32 = bool(options.get("tf32", True))
+        if info.kind == "gather":
+            widest = max([t.itemsize for t in info.outputs] or [4])
+            return sched_gpu.pointwise_schedule(math.prod(info.space), 2 * widest, widest, target)
+        if info.kind == "pointwise":
+            read = _bytes_read(info)
+            widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
+            return sched_gpu.pointwise_schedule(math.prod(info.space), read, widest, target)
+        if info.kind == "reduction":
+            rows = math.prod(s for d, s in enumerate(info.space) if d not in info.red_axes)
+            cols = math.prod(info.space[d] for d in info.red_axes)
+            live = min(8, 2 + sum(1 for leaf in info.used_leaves().values() if leaf.gen == "" and
+                                  any(info.space_strides(leaf)[d] for d in info.red_axes)))
+            widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
+            return sched_gpu.reduction_schedule(rows, cols, live, widest, target)
+        if info.kind == "matmul":
+            lay = MatmulLayout(info)
+            choice = options.get("matmul_loader", "auto")
+            tma_ok = lay.tma_operands() is not None and (choice == "tma" or (choice == "auto" and target.hopper
+                                                                                 and not target.interpret))
+            extra = sum(t.nbytes for t in info.inputs) - _operand_bytes(info, lay)  # epilogue reads
+            s = sched_gpu.matmul_schedule(lay.batch, lay.rows, lay.n, lay.k, lay.dtype, target, tf32=tf32,
+                                          tma_ok=tma_ok, extra_bytes=max(0, extra))
+            if choice == "tma" and tma_ok and s.loader != "tma":
+                s = dataclasses.replace(s, loader="tma")
+            return s
+        a = info.anchor
+        q, k, v = a.inputs[:3]
+        bh = math.prod(q.type.shape[:-2])
+        return sched_gpu.attention_schedule(bh, q.type.shape[-2], k.type.shape[-2], q.type.shape[-1],
+                                            v.type.shape[-1], q.type.dtype, target, tf32=tf32)
+
+    # -- render / compile ---------------------------------------------------------------------
+    def render(self, kernel: Kernel, schedule: Any) -> KernelSource:
+        info = self.info(kernel)
+        if info is None:
+            raise Unsupported(self.reasons.get(kernel.structural_key, kernel.name))
+        if info.kind == "pointwise":
+            return render_pointwise(info, schedule)
+        if info.kind == "reduction":
+            return render_reduction(info, schedule)
+        if info.kind == "gather":
+            return render_gather(info, schedule)
+        if info.kind == "matmul":
+            return render_matmul(info, schedule)
+        return render_attention(info, schedule)
+
+    def compile(self, source: KernelSource, interpret: bool) -> Any:
+        return loader.load_kernel(source.source, interpret)
+
+    def kernel_for(self, kernel: Kernel, target: sched_gpu.GpuTarget, options: dict[str, Any],
+                   interpret: bool) -> tuple[KernelSource, Any]:
+        info = self.info(kernel)
+        assert info is not None
+        schedule = self.schedule(info, target, options)
+        key = (kernel.structural_key, schedule.key(), target.key(), interpret)
+        hit = self._kernels.get(key)
+        if hit is None:
+            src = self.render(kernel, schedule)
+            hit = (src, self.compile(src, interpret))
+            self._kernels[key] = hit
+            self.compiled += 1
+        return hit
+
+    # -- build --------------------------------------------------------------------------------
+    def build(self, graph: Graph, options: dict[str, Any]) -> TritonProgram:
+        device = _graph_device(graph)
+        interpret = device == "cpu"
+        target = self.target()
+        if interpret and not target.interpret:
+            target = sched_gpu.interpreter_target()
+        prog = TritonProgram(graph, device, cuda_graphs=bool(options.get("cuda_graphs", True)),
+                             interpret_mode=interpret)
+        prog.bind_inputs()
+        prog.allocate(graph.meta.get("memory_plan"))
+        dump = loader.dump_dir(options)
+        uses_tma = False
+        for n in graph.nodes:
+            if n.op != "kernel":
+                if not OPS[n.op].has("view"):
+                    raise Unsupported(f"top-level {n.op} node: the triton backend runs kernels and views")
+                out = prog.slot(n.outputs[0])
+                prog.view_slots.add(out)
+                prog.add_step(Step("view", n.op, [prog.slot(n.inputs[0])], [out], node=n))
+                continue
+            k: Kernel = n.attrs["kernel"]
+            args = [prog.slot(v) for v in n.inputs]
+            outs = [prog.slot(v) for v in n.outputs]
+            if self.info(k) is not None and all(v.type.numel > 0 for v in n.outputs):
+                src, fn = self.kernel_for(k, target, options, interpret)
+                prog.kernels.append(src)
+                uses_tma |= src.uses_tma
+                if dump is not None:
+                    loader.dump_source(dump, k.name, src.source)
+                prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret)))
+            elif all(v.type.numel == 0 for v in n.outputs):
+                continue  # nothing to write: empty outputs are allocated and stay empty
+            else:
+                pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
+                prog.add_step(Step("torch", k.name, args, outs, body=k.body, preallocated=pre))
+        if uses_tma:
+            _install_tma_allocator(device)
+        if dump is not None:
+            (dump / "program.txt").write_text(prog.describe() + "\n")
+        return prog
+
+
+def _bytes_read(info: BodyInfo) -> int:
+    total = 0
+    for leaf in info.used_leaves().values():
+        if leaf.gen == "" and any(info.space_strides(leaf)):
+            total += leaf.dtype.itemsize
+    return max(1, total)
+
+
+def _operand_bytes(info: BodyInfo, lay: MatmulLayout) -> int:
+    return info.inputs[lay.la.source].nbytes + (info.inputs[lay.lb.source].nbytes if lay.lb.source != lay.la.source
+                                                else 0)
+
+
+def _graph_device(graph: Graph) -> str:
+    devs = {gi.value.type.device for gi in graph.inputs} | {v.type.device for v in graph.outputs}
+    cuda = sorted(d for d in devs if d.startswith("cuda"))
+    if len(cuda) > 1:
+        raise Unsupported(f"graph spans several devices: {cuda}")
+    return cuda[0] if cuda else "cpu"
+
+
+def _launcher(fn: Any, src: KernelSource, interpret: bool):
+    launch = fn[src.grid]
+    opts = {"num_warps": src.num_warps, "num_stages": src.num_stages}
+    if interpret:
+        return lambda *args: launch(*args, UPCAST=True)
+    return lambda *args: launch(*args, UPCAST=False, **opts)
+
+
+_allocator_installed = False
+
+
+def _install_tma_allocator(device: str) -> None:
+    """Device-side tensor descriptors need scratch memory from Triton's allocator hook."""
+    global _allocator_installed
+    if _allocator_installed:
+        return
+    import triton
+
+    def alloc(size: int, alignment: int, stream: Any) -> torch.Tensor:
+        dev = device if device != "cpu" else "cpu"
+        return torch.empty(size, dtype=torch.int8, device=dev)
+
+    triton.set_allocator(alloc)
+    _allocator_installed = True

@@ -1,0 +1,155 @@
+"""Rendering attention kernels: flash attention forward (online softmax in base 2) with the
+anchor's causal / boolean / additive mask, grouped-query heads, and the fused epilogue.
+
+Invariant: the kernel computes softmax(q k^T * scale + mask) v exactly as ir/ops.py's
+`attention` defines it (top-left causal triangle; bool mask True keeps; query head h reads
+key/value head h // (Hq // Hk)), reading q, k, v and the mask through their view strides, never
+materializing the score matrix. A query row whose keys are all masked out yields zeros, as
+torch's scaled_dot_product_attention does. Padding lanes (head dims rounded up to a power of
+two, the last key/query blocks) are masked on load and never stored.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...ir.views import Strided
+from ...schedule.gpu import AttentionSchedule, cdiv
+from .analysis import BodyInfo, Unsupported
+from .emit import BodyEmitter, Lane
+from .exprs import linear_offset
+from .render import WIDE, KernelSource, assemble, params
+
+LOG2E = 1.4426950408889634
+
+
+def _aligned_strides(layout: Strided, shape: tuple[int, ...]) -> list[int]:
+    """Strides of `layout` right-aligned and broadcast to `shape` (0 on broadcast dims)."""
+    off = len(shape) - len(layout.shape)
+    if off < 0:
+        raise Unsupported("attention operand of higher rank than its space")
+    out = []
+    for d, size in enumerate(shape):
+        j = d - off
+        if j < 0 or layout.shape[j] == 1:
+            out.append(0)
+        elif layout.shape[j] == size:
+            out.append(layout.strides[j])
+        else:
+            raise Unsupported(f"attention operand {layout.shape} does not broadcast to {shape}")
+    return out
+
+
+def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
+    anchor = info.anchor
+    q, k, v = anchor.inputs[:3]
+    mask = anchor.inputs[3] if len(anchor.inputs) == 4 else None
+    lq, lk, lv = (info.leaves[x] for x in (q, k, v))
+    space = info.space  # [..., Hq, L, Ev]
+    nb = len(space) - 3
+    hq, length = q.type.shape[-3], q.type.shape[-2]
+    e, s, ev = q.type.shape[-1], k.type.shape[-2], v.type.shape[-1]
+    hk = k.type.shape[-3]
+    group = hq // hk
+    batch_shape = space[:nb]
+    nbatch = math.prod(batch_shape)
+    causal = bool(anchor.attrs["causal"])
+    scale = anchor.attrs["scale"]
+    scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
+    bm, bn, bd, bdv = sched.block_m, sched.block_n, sched.block_d, sched.block_dv
+    wide = info.max_span() >= WIDE
+    ins, outs = params(info)
+    qs = _aligned_strides(lq.layout, batch_shape + (hq, length, e))
+    ks = _aligned_strides(lk.layout, batch_shape + (hk, s, e))
+    vs = _aligned_strides(lv.layout, batch_shape + (hk, s, ev))
+    if nbatch * hq > 65535:
+        raise Unsupported("too many (batch, head) pairs for the grid")
+
+    def base(leaf, strides, head: str) -> str:
+        parts = [str(leaf.layout.offset)] if leaf.layout.offset else []
+        b = linear_offset("b", [(n, st) for n, st in zip(batch_shape, strides[:nb], strict=True)])
+        if b != "0":
+            parts.append(b)
+        if strides[nb]:
+            parts.append(f"{head} * {strides[nb]}")
+        return " + ".join(parts) or "0"
+
+    mmask = None if length % bm == 0 else "mmask"
+    dvmask = None if ev == bdv else "dvmask"
+    em = BodyEmitter(info, [Lane("bh", tuple(range(nb + 1)), None), Lane("om2", (nb + 1,), mmask),
+                            Lane("od2", (nb + 2,), dvmask)], ins)
+    L = em.line
+    L("pid_m = tl.program_id(0)")
+    L("bh = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+    L(f"b = bh // {hq}")
+    L(f"h = bh % {hq}")
+    L(f"hk = h // {group}")
+    L(f"offs_m = pid_m * {bm} + tl.arange(0, {bm})")
+    L(f"offs_n0 = tl.arange(0, {bn})")
+    L(f"offs_d = tl.arange(0, {bd})")
+    L(f"offs_dv = tl.arange(0, {bdv})")
+    qm = f"(offs_m[:, None] < {length}) & (offs_d[None, :] < {e})"
+    L(f"q = tl.load({ins[lq.source]} + {base(lq, qs, 'h')} + offs_m[:, None] * {qs[nb + 1]} + "
+      f"offs_d[None, :] * {qs[nb + 2]}, mask={qm}, other=0.0)")
+    L("if UPCAST:")
+    L("    q = q.to(tl.float32)")
+    L(f"m_i = tl.zeros([{bm}], tl.float32) + _NEG_INF")
+    L(f"l_i = tl.zeros([{bm}], tl.float32)")
+    L(f"acc = tl.zeros([{bm}, {bdv}], tl.float32)")
+    prec = f", input_precision=\"{sched.input_precision}\"" if q.type.dtype == torch.float32 else ""
+    hi = f"tl.minimum((pid_m + 1) * {bm}, {s})" if causal else str(s)
+    L(f"hi = {hi}")
+    k_base, v_base = base(lk, ks, "hk"), base(lv, vs, "hk")
+    with em.block(f"for start_n in range(0, hi, {bn}):"):
+        L("offs_n = start_n + offs_n0")
+        L(f"kt = tl.load({ins[lk.source]} + {k_base} + offs_n[None, :] * {ks[nb + 1]} + "
+          f"offs_d[:, None] * {ks[nb + 2]}, mask=(offs_n[None, :] < {s}) & (offs_d[:, None] < {e}), other=0.0)")
+        L("if UPCAST:")
+        L("    kt = kt.to(tl.float32)")
+        L(f"qk = tl.dot(q, kt{prec}) * {scale * LOG2E!r}")
+        L(f"keep = offs_n[None, :] < {s}")
+        if causal:
+            L("keep = keep & (offs_n[None, :] <= offs_m[:, None])")
+        if mask is not None:
+            lm = info.leaves[mask]
+            if lm.source is None:
+                raise Unsupported("attention mask is not a kernel input")
+            ms = _aligned_strides(lm.layout, batch_shape + (hq, length, s))
+            m_ptr = (f"{ins[lm.source]} + {base(lm, ms, 'h')} + offs_m[:, None] * {ms[nb + 1]} + "
+                     f"offs_n[None, :] * {ms[nb + 2]}")
+            m_in = f"(offs_m[:, None] < {length}) & (offs_n[None, :] < {s})"
+            if mask.type.dtype == torch.bool:
+                L(f"mk = tl.load({m_ptr}, mask={m_in}, other=0)")
+                L("keep = keep & (mk != 0)")
+            else:
+                L(f"qk = qk + tl.load({m_ptr}, mask={m_in}, other=0.0).to(tl.float32) * {LOG2E!r}")
+        L("qk = tl.where(keep, qk, _NEG_INF)")
+        L("m_new = tl.maximum(m_i, tl.max(qk, 1))")
+        L("m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)")
+        L("p = tl.exp2(qk - m_safe[:, None])")
+        L("alpha = tl.exp2(m_i - m_safe)")
+        L("l_i = l_i * alpha + tl.sum(p, 1)")
+        L(f"vt = tl.load({ins[lv.source]} + {v_base} + offs_n[:, None] * {vs[nb + 1]} + "
+          f"offs_dv[None, :] * {vs[nb + 2]}, mask=(offs_n[:, None] < {s}) & (offs_dv[None, :] < {ev}), other=0.0)")
+        L("if UPCAST:")
+        L("    vt = vt.to(tl.float32)")
+        L("acc = acc * alpha[:, None]")
+        L(f"acc = tl.dot(p.to(vt.dtype), vt, acc{prec})")
+        L("m_i = m_new")
+    L("o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]")
+    L("om2 = offs_m[:, None]")
+    L("od2 = offs_dv[None, :]")
+    if mmask:
+        L(f"mmask = om2 < {length}")
+    if dvmask:
+        L(f"dvmask = od2 < {ev}")
+    em.preset(anchor.out, "o", {"om2", "od2"})
+    for i, c, strides in info.stores:
+        em.store(outs[i], c, strides, info.outputs[i].dtype)
+    header = (f"flash attention [{nbatch} x {hq} heads (kv {hk})] L={length} S={s} D={e} Dv={ev} "
+              f"{'causal' if causal else ('masked' if mask is not None else 'full')}, {q.type.dtype}")
+    src = assemble(info, em, header, sched)
+    return KernelSource(info.kernel.name, "attention", src, (cdiv(length, bm), nbatch * hq), sched.num_warps,
+                        sched.num_stages, len(ins), len(outs), sched)
