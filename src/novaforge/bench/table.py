@@ -125,11 +125,24 @@ def _grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: cases.index(r["case"]))
 
 
+def _matmul_metrics_line(rows: list[dict[str, Any]]) -> list[str]:
+    """The sweep compiles one tiny graph per shape: one line for all of them."""
+    if not rows:
+        return []
+    m0 = rows[0]["metrics"]
+    launches = sorted({r["metrics"].get("launches") for r in rows}, key=str)
+    compiles = ", ".join(f"{r['case'].split(' ')[-1]} {fmt_num((r['metrics'].get('compile_s') or {}).get('total_s'))}"
+                         for r in rows)
+    return [f"- **matmul sweep** (backend {m0.get('backend')}): launches per call {launches}; "
+            f"compile s per shape: {compiles}"]
+
+
 def metrics_lines(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for r in rows:
-        m = r.get("metrics")
-        if r["runner"] != "novaforge" or not m:
+    mine = [r for r in rows if r["runner"] == "novaforge" and r.get("metrics")]
+    out = _matmul_metrics_line([r for r in mine if r.get("kind") == "matmul"])
+    for r in mine:
+        m = r["metrics"]
+        if r.get("kind") == "matmul":
             continue
         by_kind = sorted((m.get("kernels_by_kind") or {}).items(), key=lambda kv: -kv[1])
         kinds = ", ".join(f"{k} {v}" for k, v in by_kind)

@@ -2,6 +2,8 @@
 `novaforge.compile(model)` (parameters live, gradients flow) for training, and a compiled
 `lambda a, b: a @ b` for the matmul sweep.
 
+Calls run under `torch.no_grad()` (not `inference_mode`, which the torch runners use): a frozen
+program has no autograd state either way, and capture must not depend on the caller's mode.
 The first call compiles; the worker times it as setup. Compiler metrics
 (`novaforge.report.metrics.metrics`) are collected right after it and land in the results.
 The disk cache is whatever `$NOVAFORGE_CACHE_DIR` the harness gave this process: empty for
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 
 from .base import Prepared, RunContext
-from .torch_runners import _inference_call, training_call
+from .torch_runners import training_call
 
 
 def _metrics_of(compiled: Any) -> dict[str, Any]:
@@ -34,7 +36,12 @@ class NovaforgeRunner:
         import novaforge
 
         compiled = novaforge.compile(model, freeze=True, backend=ctx.nf_backend)
-        return Prepared(_inference_call(compiled, inputs), info={"backend_requested": ctx.nf_backend},
+
+        def call() -> Any:
+            with torch.no_grad():
+                return compiled(*inputs)
+
+        return Prepared(call, info={"backend_requested": ctx.nf_backend},
                         after_first=lambda: _metrics_of(compiled))
 
     def training(self, model: torch.nn.Module, batches: list, ctx: RunContext) -> Prepared:
@@ -50,7 +57,7 @@ class NovaforgeRunner:
         compiled = novaforge.compile(lambda x, y: x @ y, backend=ctx.nf_backend)
 
         def call() -> torch.Tensor:
-            with torch.inference_mode():
+            with torch.no_grad():
                 return compiled(a, b)
 
         return Prepared(call, info={"backend_requested": ctx.nf_backend}, after_first=lambda: _metrics_of(compiled))
