@@ -59,6 +59,7 @@ def test_defaults_follow_device():
     gpt2 = wl.get("gpt2")
     assert wl.default_shapes(gpt2, "cpu") == ([1], 128)
     assert wl.default_shapes(gpt2, "cuda") == ([16], 1024)
+    assert wl.default_shapes(wl.get("bert"), "cuda") == ([16], 512)
     assert wl.default_shapes(wl.get("gpt-42m"), "cuda") == ([16], 1024)
     assert wl.default_dtype("cuda") == "bfloat16" and wl.default_dtype("cpu") == "float32"
     with pytest.raises(ValueError, match="unknown workload"):

@@ -9,6 +9,7 @@ skipped and failed ones included, appears with its status and reason.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 
@@ -147,7 +148,8 @@ def metrics_lines(rows: list[dict[str, Any]]) -> list[str]:
         by_kind = sorted((m.get("kernels_by_kind") or {}).items(), key=lambda kv: -kv[1])
         kinds = ", ".join(f"{k} {v}" for k, v in by_kind)
         externs = m.get("externs") or []
-        ext = ", ".join(sorted({e[0] if isinstance(e, list) else str(e) for e in externs})) or "none"
+        names = Counter(e[0] if isinstance(e, list) else str(e) for e in externs)
+        ext = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(names.items())) or "none"
         arena, total = m.get("arena_bytes"), m.get("sum_intermediate_bytes")
         share = f" ({100 * arena / total:.1f}%)" if arena is not None and total else ""
         times = m.get("compile_s") or {}

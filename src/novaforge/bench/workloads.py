@@ -60,7 +60,9 @@ def default_shapes(w: Workload, device: str) -> tuple[list[int], int]:
     if w.kind == "inference":
         if tiny:
             return [1], 32
-        return ([16], 1024) if device == "cuda" else ([1], 128)
+        if device == "cuda":
+            return [16], 512 if w.family == "bert" else 1024  # BERT-base has 512 positions
+        return [1], 128
     if w.kind == "training":
         if tiny:
             return [2], 64
