@@ -255,8 +255,15 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                     o.lo = (int)std::max(0L, n0 - col0);
                     o.hi = (int)std::min((long)NR, n1 - col0);
                     const float* bp = bbase ? bbase + (p - pj) * pstride : nullptr;
+                    // spread prefetches (to L2) of the next panel of B over this panel's row tiles, so
+                    // that B streaming from memory never stalls the first tile of a panel
+                    const char* bnext = (bp && p + 1 < pje) ? (const char*)(bp + pstride) : nullptr;
+                    const long bnext_lines = kc * NR * 4 / 64, per_tile = cdiv(bnext_lines, nt);
                     long roff = 0;
                     for (int t = 0; t < nt; ++t) {
+                        if (bnext)
+                            for (long l = t * per_tile, le = std::min(bnext_lines, l + per_tile); l < le; ++l)
+                                nfs::vprefetch_l2(bnext + l * 64);
                         o.c = C + (ic + roff) * P.ldc + col0;
                         o.res = res ? res + (ic + roff) * ldr + col0 : nullptr;
                         if (pack_a)

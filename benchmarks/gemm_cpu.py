@@ -1,0 +1,284 @@
+"""float32 GEMM on this CPU: novaforge's nf_gemm against the vendor libraries, same run, interleaved.
+
+Invariant: every candidate computes the same C[M, N] = A[M, K] @ W^T for the same inputs (checked
+against a float64 reference before timing), runs with the same thread count, and is timed in
+interleaved rounds (shuffled order, a pause between candidates so that spinning worker threads of
+the previous library go idle); the reported figure is the median over rounds, the spread is the
+interquartile range over rounds. Nothing is cached between candidates except their own prepared
+weights (packing/reorder happens before timing, as a compiler does at compile time).
+
+    python benchmarks/gemm_cpu.py                   # full table (~5 min)
+    python benchmarks/gemm_cpu.py --quick           # M in {128, 1024}, 3 rounds
+    python benchmarks/gemm_cpu.py --json out.json   # also write all samples
+
+Candidates (those whose package is missing are skipped):
+  torch.mm      torch.mm(A, W^T, out=C)                     (MKL sgemm)
+  mkl-packed    torch.ops.mkl._mkl_linear with the weight from _mkl_reorder_linear_weight:
+                what torch.compile + freezing runs for fp32 linears (static batch)
+  onednn        torch.ops.mkldnn._linear_pointwise with _reorder_linear_weight (oneDNN)
+  openblas      numpy.matmul(A, W^T, out=C)                 (numpy's OpenBLAS)
+  ort           ONNX Runtime, one MatMul with a constant weight (MLAS prepacks it), IOBinding
+  openvino      OpenVINO, one MatMul with a constant weight, f32 precision hint, LATENCY hint
+  nf            nf_sgemm_packed (weights packed by nf_sgemm_pack_b), called through ctypes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+THREADS_DEFAULT = 2
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, str(THREADS_DEFAULT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from novaforge.codegen.cpu import gemm  # noqa: E402
+from novaforge.codegen.cpu.gemm import ops  # noqa: E402
+
+KN = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 2048), (2048, 768), (768, 32000)]
+MS = [1, 16, 128, 1024]
+# GPT-2 (12 layers, hidden 768): per layer qkv, attention out-projection, MLP up, MLP down
+GPT2_LAYER = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+
+
+def build_candidates(threads: int) -> dict[str, Callable]:
+    """name -> prepare(a, w) returning a zero-argument call that writes/returns C."""
+    cands: dict[str, Callable] = {}
+
+    def torch_mm(a, w):
+        wt, c = w.t(), torch.empty(a.shape[0], w.shape[0])
+        return lambda: torch.mm(a, wt, out=c)
+
+    cands["torch.mm"] = torch_mm
+
+    if torch._C.has_mkl:
+
+        def mkl_packed(a, w):
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, a.shape[0])
+            return lambda: torch.ops.mkl._mkl_linear(a, packed, w, None, a.shape[0])
+
+        cands["mkl-packed"] = mkl_packed
+
+    if torch.backends.mkldnn.is_available():
+
+        def onednn(a, w):
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, a.shape[0])
+            return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+
+        cands["onednn"] = onednn
+
+    def openblas(a, w):
+        an, wtn = a.numpy(), w.numpy().T
+        c = np.empty((a.shape[0], w.shape[0]), dtype=np.float32)
+        return lambda: np.matmul(an, wtn, out=c)
+
+    cands["openblas"] = openblas
+
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        def onnxruntime(a, w):
+            M, K = a.shape
+            N = w.shape[0]
+            wt = numpy_helper.from_array(np.ascontiguousarray(w.numpy().T), "w")
+            graph = helper.make_graph(
+                [helper.make_node("MatMul", ["x", "w"], ["y"])],
+                "mm",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+                [wt],
+            )
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            x = ort.OrtValue.ortvalue_from_numpy(a.numpy())
+            y = ort.OrtValue.ortvalue_from_shape_and_type([M, N], np.float32)
+            binding = sess.io_binding()
+            binding.bind_ortvalue_input("x", x)
+            binding.bind_ortvalue_output("y", y)
+            return lambda: (sess.run_with_iobinding(binding), y)[1]
+
+        assert onnx  # imported for the model builder
+        cands["ort"] = onnxruntime
+    except ImportError:
+        pass
+
+    try:
+        import openvino as ov
+        import openvino.opset13 as ovops
+
+        core = ov.Core()
+
+        def openvino(a, w):
+            M, K = a.shape
+            x = ovops.parameter([M, K], ov.Type.f32, name="x")
+            y = ovops.matmul(x, ovops.constant(np.ascontiguousarray(w.numpy().T)), False, False)
+            model = ov.Model([y], [x], "mm")
+            config = {
+                "INFERENCE_NUM_THREADS": threads,
+                "NUM_STREAMS": 1,
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": "f32",
+            }
+            req = core.compile_model(model, "CPU", config).create_infer_request()
+            req.set_input_tensor(ov.Tensor(a.numpy(), shared_memory=True))
+            return lambda: (req.infer(), req.get_output_tensor(0))[1]
+
+        cands["openvino"] = openvino
+    except ImportError:
+        pass
+
+    lib = ops.lib()
+
+    def nf(a, w):
+        M, K = a.shape
+        N = w.shape[0]
+        pb = gemm.pack_b(w.t())
+        c = torch.empty(M, N)
+        fn, args = lib.nf_sgemm_packed, (M, N, K, a.data_ptr(), K, 1, pb.ptr(), c.data_ptr(), N, 0, None, threads)
+        return lambda: (fn(*args), c, pb)[1]
+
+    cands["nf"] = nf
+    return cands
+
+
+def as_tensor(r) -> torch.Tensor:
+    if isinstance(r, torch.Tensor):
+        return r
+    if hasattr(r, "numpy"):  # onnxruntime OrtValue
+        r = r.numpy()
+    elif hasattr(r, "data") and not isinstance(r, np.ndarray):  # openvino Tensor
+        r = r.data
+    return torch.from_numpy(np.asarray(r))
+
+
+def check(name: str, call: Callable, a: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> None:
+    out = as_tensor(call())
+    err = (out.double() - ref).abs()
+    tol = 1e-6 * (1 + a.shape[1] ** 0.5) * scale + 1e-5
+    if (err > tol).any():
+        raise AssertionError(f"{name}: wrong result (max err {err.max().item():.3g})")
+
+
+def time_burst(call: Callable, target_s: float) -> float:
+    """Seconds per call over a burst of calls lasting about target_s (first call not timed)."""
+    call()
+    t0 = time.perf_counter()
+    call()
+    one = time.perf_counter() - t0
+    n = max(1, min(200, int(target_s / max(one, 1e-6))))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    return (time.perf_counter() - t0) / n
+
+
+def bench_shape(M: int, K: int, N: int, cands: dict, rounds: int, burst_s: float, pause_s: float) -> dict:
+    gen = torch.Generator().manual_seed(M * 7 + K * 13 + N)
+    a = torch.randn(M, K, generator=gen)
+    w = torch.randn(N, K, generator=gen) / K**0.5
+    ref = a.double() @ w.double().t()
+    scale = a.double().abs() @ w.double().abs().t()
+    calls = {}
+    for name, prepare in cands.items():
+        try:
+            calls[name] = prepare(a, w)
+            check(name, calls[name], a, w, ref, scale)
+        except (RuntimeError, AssertionError) as e:
+            print(f"  [{name} skipped for {M}x{K}x{N}: {str(e).splitlines()[0][:100]}]", file=sys.stderr)
+            calls.pop(name, None)
+    samples: dict[str, list[float]] = {n: [] for n in calls}
+    order = list(calls)
+    for _ in range(rounds):
+        random.shuffle(order)
+        for name in order:
+            time.sleep(pause_s)
+            samples[name].append(time_burst(calls[name], burst_s))
+    del calls
+    return samples
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=THREADS_DEFAULT)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--burst", type=float, default=0.05, help="seconds per timed burst")
+    p.add_argument("--pause", type=float, default=0.05, help="seconds of sleep before each burst")
+    p.add_argument("--quick", action="store_true", help="M in {128, 1024}, 3 rounds")
+    p.add_argument("--m", type=str, default=None, help="comma-separated M values")
+    p.add_argument("--only", type=str, default=None, help="comma-separated candidate names")
+    p.add_argument("--json", type=str, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    ms = [int(x) for x in args.m.split(",")] if args.m else ([128, 1024] if args.quick else MS)
+    rounds = 3 if args.quick else args.rounds
+    cands = build_candidates(args.threads)
+    if args.only:
+        cands = {k: v for k, v in cands.items() if k in args.only.split(",")}
+    random.seed(0)
+
+    print(f"# float32 GEMM, {args.threads} threads, {rounds} rounds x {args.burst}s bursts, median GFLOP/s [IQR]")
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, nf isa {gemm.isa()}, "
+          f"blocking {gemm.blocking()}, load avg {os.getloadavg()[0]:.1f}")
+    names = list(cands)
+    print("| M x K x N | " + " | ".join(names) + " | nf / best peer |")
+    print("|---|" + "---|" * (len(names) + 1))
+    results = []
+    for M in ms:
+        for K, N in KN:
+            samples = bench_shape(M, K, N, cands, rounds, args.burst, args.pause)
+            flops = 2.0 * M * N * K
+            med = {n: quartiles(s)[1] for n, s in samples.items()}
+            cells = []
+            for n in names:
+                if n not in samples:
+                    cells.append("–")
+                    continue
+                q1, m, q3 = quartiles(samples[n])
+                cells.append(f"{flops / m / 1e9:.1f} [{flops / q3 / 1e9:.0f}-{flops / q1 / 1e9:.0f}]")
+            peers = {n: t for n, t in med.items() if n != "nf"}
+            best = min(peers, key=peers.get) if peers else None
+            ratio = f"{peers[best] / med['nf']:.2f} (vs {best})" if best and "nf" in med else "–"
+            print(f"| {M} x {K} x {N} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
+            results.append({"M": M, "K": K, "N": N, "seconds": samples})
+
+    print()
+    for M in ms:  # GPT-2 matmul time per forward (12 layers) from the medians above
+        per = {n: 0.0 for n in names}
+        ok = True
+        for K, N in GPT2_LAYER:
+            r = next((x for x in results if (x["M"], x["K"], x["N"]) == (M, K, N)), None)
+            if r is None:
+                ok = False
+                break
+            for n in names:
+                per[n] += 12 * statistics.median(r["seconds"].get(n, [float("nan")]))
+        if ok:
+            txt = ", ".join(f"{n} {per[n] * 1e3:.1f}" for n in names)
+            print(f"GPT-2 linear layers, M={M} tokens: ms per forward: {txt}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "rounds": rounds, "results": results}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
