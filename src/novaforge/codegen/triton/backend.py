@@ -13,7 +13,8 @@ On a CUDA graph the kernels run on the GPU; on a CPU graph they run in Triton's 
 
 Options (novaforge.compile(..., **options)): tf32 (True: float32 matmuls and attention on TF32
 tensor cores), cuda_graphs (True: capture and replay static-shape programs), matmul_loader
-("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG).
+("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
+max_reduction_block (tests: cap a reduction's column block, forcing the looped form).
 """
 
 from __future__ import annotations
@@ -94,7 +95,12 @@ class TritonBackend:
             live = min(8, 2 + sum(1 for leaf in info.used_leaves().values() if leaf.gen == "" and
                                   any(info.space_strides(leaf)[d] for d in info.red_axes)))
             widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
-            return sched_gpu.reduction_schedule(rows, cols, live, widest, target)
+            s = sched_gpu.reduction_schedule(rows, cols, live, widest, target)
+            cap = options.get("max_reduction_block")
+            if cap and s.block_cols > cap:  # a test knob: force looped rows with small chunks
+                s = dataclasses.replace(s, block_rows=1, block_cols=sched_gpu.pow2_floor(cap), looped=True,
+                                        programs=rows)
+            return s
         if info.kind == "matmul":
             lay = MatmulLayout(info)
             choice = options.get("matmul_loader", "auto")

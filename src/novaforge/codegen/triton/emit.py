@@ -189,7 +189,10 @@ class BodyEmitter:
     def store(self, ptr: str, v: Value, strides: tuple[int, ...], dtype: torch.dtype) -> None:
         val = self.value(v)
         off, used = self.offset(strides)
-        mask = self.mask_for(used | self.deps.get(v, frozenset()))
+        deps = self.deps.get(v, frozenset())
+        if not used or not deps <= used:  # the value spans lanes the address does not: match its tile shape
+            off = f"{off} + tl.zeros({val}.shape, tl.int32)"
+        mask = self.mask_for(used | deps)
         self.line(f"tl.store({ptr} + {off}, {downcast(val, dtype)}" + (f", mask={mask})" if mask else ")"))
 
 

@@ -96,6 +96,10 @@ class MatmulLayout:
         return a_major, b_major
 
 
+def _plus(base: str) -> str:
+    return "" if base == "0" else f"{base} + "
+
+
 def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     lay = MatmulLayout(info)
     bm, bn, bk, g = sched.block_m, sched.block_n, sched.block_k, sched.group_m
@@ -135,8 +139,10 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
         L(f"ram = rm % {rows}" if rows % bm else "ram = rm")
         L(f"rbn = rn % {n}" if n % bn else "rbn = rn")
         a_row = linear_offset("ram", lay.a_row_dims())
-        L(f"a_ptrs = {a_ptr} + {a_base} + ({a_row})[:, None] + (rk * {lay.a_sk})[None, :]")
-        L(f"b_ptrs = {b_ptr} + {b_base} + (rk * {lay.b_sk})[:, None] + (rbn * {lay.b_sn})[None, :]")
+        if a_row == "0":  # a single row: keep the tile shape
+            a_row = "ram * 0"
+        L(f"a_ptrs = {a_ptr} + {_plus(a_base)}({a_row})[:, None] + (rk * {lay.a_sk})[None, :]")
+        L(f"b_ptrs = {b_ptr} + {_plus(b_base)}(rk * {lay.b_sk})[:, None] + (rbn * {lay.b_sn})[None, :]")
     else:
         a_major, b_major = tma
         a_rs = single_stride(lay.a_row_dims())
