@@ -81,6 +81,12 @@ for _p in ("any", "all"):
          C(getattr(aten, _p).dims, lambda m: (m.b(3, 4, 2), [0, 2]), "dims", dtypes=(b8,)),
          C(getattr(aten, _p).dims, lambda m: (m.b(3, 4), None, True), "none", dtypes=(b8,))])
 
+for _ord in (2, 1, 0, 3, 0.5, float("inf"), float("-inf")):
+    add([L(aten.linalg_vector_norm.default, lambda m, o=_ord: (m.t(3, 5), o, [1]), f"ord{_ord}"),
+         L(aten.linalg_vector_norm.default, lambda m, o=_ord: (m.t(2, 3, 4), o, None, True), f"ord{_ord}-all-keepdim")])
+add([L(aten.linalg_vector_norm.default, lambda m: ((m.t(3, 5),), {"dtype": f32}), "dtype", dtypes=(bf16,)),
+     L(aten.linalg_vector_norm.default, lambda m: (m.t(3, 0), 2, [1]), "zero-size-reduced"),
+     L(aten.linalg_vector_norm.default, lambda m: (m.t(), 2), "0d")])
 for _t in (aten.var.correction, aten.std.correction):
     add([L(_t, lambda m: (m.t(3, 5), [1]), "dim"),
          L(_t, lambda m: ((m.t(3, 5), [0]), {"correction": 0, "keepdim": True}), "biased-keepdim"),

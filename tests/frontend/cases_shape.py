@@ -54,6 +54,17 @@ for _t in (aten.t.default, aten.numpy_T.default):
 add([V(aten.numpy_T.default, lambda m: m.t(2, 3, 4), "3d")])
 add([V(aten.movedim.int, lambda m: (m.t(2, 3, 4, 5), 0, -1), "to-end"),
      V(aten.movedim.int, lambda m: (m.t(2, 3, 4, 5), -1, 1), "from-end")])
+add([V(aten.diagonal.default, lambda m: m.t(4, 4), "square"),
+     V(aten.diagonal.default, lambda m: (m.t(3, 5), 1), "wide-offset"),
+     V(aten.diagonal.default, lambda m: (m.t(5, 3), -2), "tall-negative-offset"),
+     V(aten.diagonal.default, lambda m: (m.t(2, 3, 4), 0, -1, 0), "3d-dims"),
+     V(aten.diagonal.default, lambda m: (m.t(3, 4), 5), "empty"),
+     V(aten.diagonal.default, lambda m: (m.t(1, 1), 0), "one")])
+add([V(aten.flip.default, lambda m: (m.t(3, 4), [0]), "dim0"),
+     V(aten.flip.default, lambda m: (m.t(2, 3, 4), [-1, 0]), "two"),
+     V(aten.flip.default, lambda m: (m.t(3, 0), [1]), "zero-size"),
+     V(aten.flip.default, lambda m: (m.t(), []), "0d"),
+     V(aten.flip.default, lambda m: (m.t(1, 5), [0, 1]), "unit-axis")])
 add([V(aten.expand.default, lambda m: (m.t(3, 1), (2, 3, 4)), "basic"),
      V(aten.expand.default, lambda m: (m.t(3, 1), (-1, 5)), "minus-one"),
      V(aten.expand.default, lambda m: (m.t(), (2, 2)), "0d"),

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, Node, TensorType, Value, make_node
 from ..ir.extern import encode
@@ -94,8 +95,10 @@ class LowerCtx:
         self.nodes: list[Node] = []
         self.env: dict[torch.fx.Node, Any] = {}
         self.fx_node: torch.fx.Node | None = None
+        self.target: Any = None  # the op being lowered: fx_node.target, or the functional form of an in-place op
         self.source = ""
         self.externs: list[tuple[str, str]] = []
+        self.extra_inputs: list[GraphInput] = []  # constants created while lowering (decompositions)
         self._scalars: dict[tuple, Value] = {}
 
     # -- facts about the node being lowered -------------------------------------------------
@@ -119,13 +122,14 @@ class LowerCtx:
         used = set()
         for u in self.fx_node.users:
             if u.target is operator.getitem and isinstance(u.args[1], int):
-                used.add(u.args[1])
+                if u.users:
+                    used.add(u.args[1])
             else:
                 return set(range(len(self.out_types)))
         return used
 
     def describe(self, problem: str) -> str:
-        target = _target_name(self.fx_node.target) if self.fx_node is not None else "?"
+        target = _target_name(self.target) if self.fx_node is not None else "?"
         where = f" at {self.source}" if self.source else ""
         return f"{target}{where}: {problem}"
 
@@ -145,7 +149,7 @@ class LowerCtx:
         return self.emit_node(op, inputs, attrs).out
 
     def emit_node(self, op: str, inputs: Sequence[Value], attrs: dict[str, Any], out_types=None) -> Node:
-        meta = {"source": self.source, "aten": _target_name(self.fx_node.target)} if self.fx_node is not None else {}
+        meta = {"source": self.source, "aten": _target_name(self.target)} if self.fx_node is not None else {}
         hint = self.fx_node.name if self.fx_node is not None else ""
         try:
             node = make_node(op, list(inputs), attrs, meta, out_types, hint=hint[:24])
@@ -219,8 +223,8 @@ class LowerCtx:
         tensors: list[Value] = []
         spec = encode((list(n.args), dict(n.kwargs)), tensors, lambda x: isinstance(x, torch.fx.Node))
         ins = [self.val(t) for t in tensors]
-        target = _target_name(n.target)
-        tags = getattr(n.target, "tags", ())
+        target = _target_name(self.target)
+        tags = getattr(self.target, "tags", ())
         effect = torch.Tag.nondeterministic_seeded in tags
         op = "extern_effect" if effect else "extern"
         node = self.emit_node(op, ins, {"target": target, "spec": spec, "out_types": tuple(types),
@@ -291,27 +295,8 @@ def lower_fx(
             continue
         if n.op != "call_function":
             raise UnsupportedError(f"FX node {n.name}: {n.op} is not supported (expected a functional ATen graph)")
-        ctx.fx_node = n
         ctx.source = source_line(n)
-        if n.target is operator.getitem:
-            seq, idx = n.args
-            ctx.env[n] = ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple) else None
-            continue
-        if _is_mutating(n.target):
-            raise UnsupportedError(ctx.describe("mutates its input; novaforge needs a functionalized graph"))
-        rule = LOWERINGS.get(n.target)
-        if rule is None and isinstance(n.target, torch._ops.OpOverload):
-            rule = LOWERINGS.get(n.target.overloadpacket)
-        if _all_outputs_empty(n):
-            result = _empty_results(ctx)
-        elif rule is None:
-            if not isinstance(n.target, torch._ops.OpOverload):
-                raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
-            result = ctx.extern()
-        else:
-            result = rule(ctx, *n.args, **n.kwargs)
-        _check_result(ctx, n, result)
-        ctx.env[n] = result
+        ctx.env[n] = _lower_call(ctx, n, LOWERINGS)
 
     outs = out_args if output_nodes is None else output_nodes
     flat_outs = list(outs) if isinstance(outs, list | tuple) else [outs]
@@ -325,8 +310,129 @@ def lower_fx(
     for in_idx, out_idx in mutations:
         muts.append((graph_inputs[in_idx].value, out_values[out_idx]))
     keep = [v for i, v in enumerate(out_values) if i not in {o for _, o in mutations}]
-    graph = Graph(graph_inputs, ctx.nodes, keep, muts)
+    graph = Graph(graph_inputs + ctx.extra_inputs, ctx.nodes, keep, muts)
     return graph, ctx
+
+
+def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
+    """The IR value(s) of one call_function node, by the first that applies: a getitem; an
+    in-place op on a fresh intermediate (as its functional form); a zero-size fill; the
+    node's rule; its CompositeImplicitAutograd decomposition; an extern."""
+    ctx.fx_node = n
+    if n.target is operator.getitem:
+        seq, idx = n.args
+        return ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple) else None
+    target = ctx.target = n.target
+    if _is_mutating(target):
+        target = _functional_form(n)
+        if target is None:
+            raise UnsupportedError(ctx.describe("mutates its input; novaforge needs a functionalized graph"))
+        ctx.target = target
+    rule = rules.get(target)
+    if rule is None and isinstance(target, torch._ops.OpOverload):
+        rule = rules.get(target.overloadpacket)
+    if _all_outputs_empty(n):
+        result = _empty_results(ctx)
+    elif rule is not None:
+        result = rule(ctx, *n.args, **n.kwargs)
+    elif not isinstance(target, torch._ops.OpOverload):
+        raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
+    elif _has_decomposition(target):
+        result = _lower_decomposed(ctx, n, target, rules)
+    else:
+        result = ctx.extern()
+    _check_result(ctx, n, result)
+    if target is not n.target:  # the in-place op's later readers see the new value
+        ctx.env[n.args[0]] = result
+    return result
+
+
+def _returns_alias(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
+def _functional_form(n: torch.fx.Node) -> Any:
+    """The out-of-place overload for an in-place `op_(x, ...)` that only writes `x`, when `x` is
+    a fresh intermediate nothing else aliases: produced by a non-view op (or by an in-place op
+    handled the same way) and not viewed before `n`. Such ops survive functionalization inside
+    composite decompositions (rms_norm's `add_`, matmul's `squeeze_`); replacing them by their
+    functional form and rebinding `x` is then exact. Anything else: None."""
+    schema = n.target._schema
+    writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    name = schema.name.split("::")[-1]
+    if writes != [0] or not name.endswith("_") or schema.overload_name.startswith("out"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    functional = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+    x = n.args[0] if n.args else None
+    if functional is None or not isinstance(x, torch.fx.Node) or x.op != "call_function":
+        return None
+    if _returns_alias(x.target) and not (_is_mutating(x.target) and _functional_form(x) is not None):
+        return None
+    for u in x.users:
+        if u is not n and _returns_alias(u.target) and _before(u, n):
+            return None
+    return functional
+
+
+def _before(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    node = a.next
+    while node.op != "root":
+        if node is b:
+            return True
+        node = node.next
+    return False
+
+
+def _has_decomposition(target: torch._ops.OpOverload) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
+
+
+def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOverload, rules: dict) -> Any:
+    """Lower a composite op without a rule through the decomposition eager itself runs (its
+    CompositeImplicitAutograd kernel), traced on fake inputs of the node's shapes; the ops it
+    produces are lowered in place (with their own rules, or as externs)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    flat, spec = pytree.tree_flatten((n.args, n.kwargs))
+    where = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+    vals = [ctx.val(flat[i]) for i in where]
+
+    def run(*tensors):
+        leaves = list(flat)
+        for i, t in zip(where, tensors, strict=True):
+            leaves[i] = t
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return target.decompose(*args, **kwargs)
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            examples = [torch.empty(v.type.shape, dtype=v.type.dtype, device=v.type.device) for v in vals]
+        sub = make_fx(run, tracing_mode="fake")(*examples)
+    except Exception as e:  # a decomposition that cannot be traced statically stays an ATen call
+        return ctx.extern(f"no lowering rule; its decomposition failed to trace ({type(e).__name__})")
+    env = ctx.env
+    phs = [m for m in sub.graph.nodes if m.op == "placeholder"]
+    for ph, v in zip(phs, vals, strict=True):
+        env[ph] = v
+    result: Any = None
+    for m in sub.graph.nodes:
+        if m.op == "get_attr":
+            t = getattr(sub, m.target)
+            val = Value(TensorType.of(t), hint="c")
+            ctx.extra_inputs.append(GraphInput(val, "const", f"{target}.{m.target}", t.detach()))
+            env[m] = val
+        elif m.op == "call_function":
+            env[m] = _lower_call(ctx, m, rules)
+        elif m.op == "output":
+            outs = m.args[0]
+            result = tuple(env[o] for o in outs) if isinstance(outs, list | tuple) else env[outs]
+    ctx.fx_node, ctx.target = n, target
+    if isinstance(result, tuple) and not isinstance(n.meta.get("val"), list | tuple):
+        result = result[0]
+    return result
 
 
 def _all_outputs_empty(n: torch.fx.Node) -> bool:

@@ -10,6 +10,7 @@ cast back once (`LowerCtx.opmath`), as ATen's kernels do, so they round like eag
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -158,7 +159,7 @@ def _gelu(ctx, x, approximate="none"):
 
 @rule(aten.isnan.default, aten.isinf.default, aten.isfinite.default)
 def _isx(ctx, x):
-    name = ctx.fx_node.target._overloadpacket.__name__
+    name = ctx.target._overloadpacket.__name__
     return ctx.emit(name, [ctx.val(x)])
 
 
@@ -251,6 +252,7 @@ def composite(fn):
 
     lower.__name__ = fn.__name__
     lower.__doc__ = fn.__doc__
+    lower.__wrapped__ = fn
     return lower
 
 
@@ -309,6 +311,53 @@ def _elu(ctx, v, alpha=1, scale=1, input_scale=1):
                            _s(ctx, float(alpha) * float(scale), v)])
     pos = v if scale == 1 else ctx.emit("mul", [v, _s(ctx, scale, v)])
     return ctx.emit("where", [ctx.emit("gt", [v, _s(ctx, 0, v)]), pos, neg])
+
+
+@rule(aten.celu.default)
+@composite
+def _celu(ctx, v, alpha=1.0):
+    """elu with input_scale 1 / alpha, as ATen defines it."""
+    return _elu.__wrapped__(ctx, v, alpha, 1, 1.0 / float(alpha))
+
+
+@rule(aten.glu.default)
+def _glu(ctx, x, dim=-1):
+    """first half * sigmoid(second half) along `dim`, in the opmath dtype."""
+    from .lower_shape import slice_value
+
+    v = ctx.opmath(ctx.val(x))
+    ax = ctx.axis(dim, v.type.rank)
+    h = v.type.shape[ax] // 2
+    a, b = slice_value(ctx, v, ax, 0, h), slice_value(ctx, v, ax, h, 2 * h)
+    return ctx.cast(ctx.emit("mul", [a, ctx.emit("sigmoid", [b])]), ctx.out_type.dtype)
+
+
+@rule(aten.frac.default)
+def _frac(ctx, x):
+    v = ctx.val(x)
+    return ctx.emit("sub", [v, ctx.emit("trunc", [v])])
+
+
+@rule(aten.log10.default)
+def _log10(ctx, x):
+    """log(x) / ln(10) in the opmath dtype (within 2 ulp of a direct log10)."""
+    dt = ctx.out_type.dtype
+    v = ctx.tensor(x, opmath_dtype(dt))
+    return ctx.cast(ctx.emit("div", [ctx.emit("log", [v]), _s(ctx, math.log(10.0), v)]), dt)
+
+
+@rule(aten.round.decimals)
+def _round_decimals(ctx, x, *, decimals=0):
+    """ATen's formula: round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for negative d."""
+    v = ctx.opmath(ctx.val(x))
+    if decimals == 0:
+        return ctx.cast(ctx.emit("round", [v]), ctx.out_type.dtype)
+    p = _s(ctx, 10.0 ** abs(decimals), v)
+    if decimals > 0:
+        out = ctx.emit("div", [ctx.emit("round", [ctx.emit("mul", [v, p])]), p])
+    else:
+        out = ctx.emit("mul", [ctx.emit("round", [ctx.emit("div", [v, p])]), p])
+    return ctx.cast(out, ctx.out_type.dtype)
 
 
 @rule(aten.lerp.Scalar, aten.lerp.Tensor)

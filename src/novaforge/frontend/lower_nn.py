@@ -82,21 +82,21 @@ def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
 @rule(aten.amax.default, aten.amin.default)
 def _amax(ctx, x, dim=(), keepdim=False):
     v = ctx.val(x)
-    op = "max" if ctx.fx_node.target is aten.amax.default else "min"
+    op = "max" if ctx.target is aten.amax.default else "min"
     return reduce(ctx, op, v, _axes(ctx, v, dim), keepdim)
 
 
 @rule(aten.max.default, aten.min.default)
 def _max_all(ctx, x):
     v = ctx.val(x)
-    op = "max" if ctx.fx_node.target is aten.max.default else "min"
+    op = "max" if ctx.target is aten.max.default else "min"
     return reduce(ctx, op, v, _axes(ctx, v, None), False)
 
 
 @rule(aten.max.dim, aten.min.dim)
 def _max_dim(ctx, x, dim, keepdim=False):
     v = ctx.val(x)
-    is_max = ctx.fx_node.target is aten.max.dim
+    is_max = ctx.target is aten.max.dim
     axes = _axes(ctx, v, dim)
     return (reduce(ctx, "max" if is_max else "min", v, axes, keepdim),
             _arg(ctx, v, axes, keepdim, "argmax" if is_max else "argmin"))
@@ -111,7 +111,7 @@ def _arg(ctx, v, axes, keepdim, op):
 @rule(aten.argmax.default, aten.argmin.default)
 def _argmax(ctx, x, dim=None, keepdim=False):
     v = ctx.val(x)
-    op = "argmax" if ctx.fx_node.target is aten.argmax.default else "argmin"
+    op = "argmax" if ctx.target is aten.argmax.default else "argmin"
     if dim is None:
         flat = ctx.reshape(v, (v.type.numel,))
         out = _arg(ctx, flat, (0,), False, op)
@@ -123,17 +123,41 @@ def _argmax(ctx, x, dim=None, keepdim=False):
 def _any(ctx, x, dim=None, keepdim=False):
     """max / min over bools; the result has ATen's dtype (uint8 for uint8 input)."""
     v = as_bool(ctx, x)
-    is_any = ctx.fx_node.target._overloadpacket is aten.any
+    is_any = ctx.target._overloadpacket is aten.any
     axes = _axes(ctx, v, dim)
     if reduced_size(v, axes) == 0:
         return fill(ctx, not is_any)
     return ctx.cast(reduce(ctx, "max" if is_any else "min", v, axes, keepdim), ctx.out_type.dtype)
 
 
+@rule(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """sum(|x|^ord)^(1/ord), with the special orders 0 (count of nonzeros), 1, 2 (sqrt of the
+    sum of squares), inf (max |x|) and -inf (min |x|); in the opmath dtype."""
+    t = ctx.out_type
+    v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
+    acc, dev = v.type.dtype, v.type.device
+    axes = _axes(ctx, v, dim)
+    ord = float(ord)
+    a = ctx.emit("abs", [v])
+    if ord == math.inf or ord == -math.inf:
+        out = reduce(ctx, "max" if ord > 0 else "min", a, axes, keepdim)
+    elif ord == 0:
+        out = reduce(ctx, "sum", ctx.cast(ctx.emit("ne", [v, ctx.scalar(0, acc, dev)]), acc), axes, keepdim)
+    elif ord == 1:
+        out = reduce(ctx, "sum", a, axes, keepdim)
+    elif ord == 2:
+        out = ctx.emit("sqrt", [reduce(ctx, "sum", ctx.emit("mul", [v, v]), axes, keepdim)])
+    else:
+        s = reduce(ctx, "sum", ctx.emit("pow", [a, ctx.scalar(ord, acc, dev)]), axes, keepdim)
+        out = ctx.emit("pow", [s, ctx.scalar(1.0 / ord, acc, dev)])
+    return ctx.cast(out, t.dtype)
+
+
 @rule(aten.var.correction, aten.var.dim, aten.var.default, aten.std.correction, aten.std.dim,
       aten.std.default, aten.var_mean.correction, aten.var_mean.dim, aten.std_mean.correction)
 def _var(ctx, x, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    target = ctx.fx_node.target
+    target = ctx.target
     name = target._overloadpacket.__name__
     if isinstance(dim, bool):  # var.default(x, unbiased)
         unbiased, dim = dim, None
@@ -189,12 +213,12 @@ def _softmax_of(ctx: LowerCtx, x, dim, log: bool):
 
 @rule(aten._softmax.default, aten._log_softmax.default)
 def _softmax(ctx, x, dim, half_to_float=False):
-    return _softmax_of(ctx, x, dim, ctx.fx_node.target is aten._log_softmax.default)
+    return _softmax_of(ctx, x, dim, ctx.target is aten._log_softmax.default)
 
 
 @rule(aten.softmax.int, aten.log_softmax.int)
 def _softmax_int(ctx, x, dim, dtype=None):
-    return _softmax_of(ctx, x, dim, ctx.fx_node.target is aten.log_softmax.int)
+    return _softmax_of(ctx, x, dim, ctx.target is aten.log_softmax.int)
 
 
 @rule(aten._safe_softmax.default)
@@ -327,7 +351,7 @@ def _bn_eval(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
 
 @rule(aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default)
 def _bn(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training and running_mean is not None and ctx.fx_node.target is aten.native_batch_norm.default:
+    if training and running_mean is not None and ctx.target is aten.native_batch_norm.default:
         raise UnsupportedError(ctx.describe(
             "training-mode batch norm updates its running statistics in place; capture must "
             "functionalize it (_native_batch_norm_legit_functional)"))

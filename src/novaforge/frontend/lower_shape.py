@@ -58,6 +58,35 @@ def _movedim(ctx, x, src, dst):
     return ctx.permute(v, perm)
 
 
+@rule(aten.diagonal.default)
+def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
+    """The diagonal as a strided view: move dim1, dim2 last, flatten them, and slice with step
+    n2 + 1 from the first diagonal element."""
+    v = ctx.val(x)
+    r = v.type.rank
+    a, b = ctx.axis(dim1, r), ctx.axis(dim2, r)
+    rest = [i for i in range(r) if i not in (a, b)]
+    v = ctx.permute(v, rest + [a, b])
+    n1, n2 = v.type.shape[-2], v.type.shape[-1]
+    length = ctx.out_type.shape[-1]
+    start = offset if offset >= 0 else -offset * n2
+    flat = ctx.reshape(v, v.type.shape[:-2] + (n1 * n2,))
+    out = slice_value(ctx, flat, flat.type.rank - 1, start, start + (length - 1) * (n2 + 1) + 1, n2 + 1)
+    return ctx.reshape(out, ctx.out_type.shape)
+
+
+@rule(aten.flip.default)
+def _flip(ctx, x, dims):
+    """Each flipped axis gathers with the reversed index n-1, ..., 0."""
+    v = ctx.val(x)
+    for d in sorted({ctx.axis(d, v.type.rank) for d in dims}):
+        n = v.type.shape[d]
+        if n > 1:
+            rev = ctx.emit("iota", (), length=n, start=n - 1, step=-1, dtype=torch.int64, device=v.type.device)
+            v = ctx.emit("take", [v, rev], axis=d)
+    return v
+
+
 @rule(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
 def _expand(ctx, x, *args, **kwargs):
     return ctx.expand(ctx.val(x), ctx.out_type.shape)
