@@ -62,8 +62,8 @@ def test_gradients_flow_and_are_not_detached():
     x.grad = None
     m.zero_grad()
     m(x).pow(2).sum().backward()
-    torch.testing.assert_close(gx, x.grad)
-    torch.testing.assert_close(gw, m.lin.weight.grad)
+    torch.testing.assert_close(gx, x.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gw, m.lin.weight.grad, atol=1e-5, rtol=1e-4)
 
 
 def test_buffer_mutation_is_written_back():

@@ -174,7 +174,7 @@ def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: 
     """Capture, optimize and build a program for one input signature."""
     t0 = time.perf_counter()
     with torch.no_grad() if freeze else contextlib.nullcontext():
-        captured = capture(fn, args, kwargs, freeze=freeze)
+        captured = capture(fn, args, kwargs, freeze=freeze, mode=options.get("capture", "fx"))
     t1 = time.perf_counter()
     chosen = resolve_backend(backend, captured.graph)
     from .codegen.registry import get_backend
@@ -196,7 +196,7 @@ def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", *
 
     freeze: treat parameters and buffers as constants (inference; enables folding them).
     backend: 'auto' (cpu for CPU tensors, triton for CUDA), 'cpu', 'triton' or 'interpret'.
-    options: compiler options (see docs/options.md).
+    options: compiler options (see docs/options.md), e.g. capture='fx' (default) or 'export'.
     """
     if model is None:
         return lambda m: CompiledModule(m, freeze=freeze, backend=backend, options=options)

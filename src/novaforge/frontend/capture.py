@@ -1,4 +1,5 @@
-"""Capture: nn.Module or function + example inputs -> IR graph, via torch.export.
+"""Capture: nn.Module or function + example inputs -> IR graph, via torch.export (mode
+'export') or make_fx over functional_call (mode 'fx', the default; see capture_fx.py).
 
 `torch.export` (non-strict) traces the program to ATen. When the traced graph contains
 in-place ops it is functionalized (`run_decompositions({})`), which turns buffer updates into
@@ -78,11 +79,23 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
                            f"{type(e).__name__}: {head}") from e
 
 
-def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False) -> Captured:
+CAPTURE_MODES = ("fx", "export")
+
+
+def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False,
+            mode: str = "fx") -> Captured:
+    """Capture `module(*args, **kwargs)`. mode 'fx' (default, fast: see capture_fx.py) or
+    'export' (torch.export)."""
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"capture mode must be one of {CAPTURE_MODES}, got {mode!r}")
     kwargs = kwargs or {}
     mod = module if isinstance(module, torch.nn.Module) else _FnModule(module)
     if not isinstance(module, torch.nn.Module):
         _keep_source_lines_of(module)
+    if mode == "fx":
+        from .capture_fx import capture_fx
+
+        return capture_fx(mod, tuple(args), kwargs, freeze=freeze, is_function=not isinstance(module, torch.nn.Module))
     t0 = time.perf_counter()
     ep = _export(mod, tuple(args), kwargs)
     t1 = time.perf_counter()

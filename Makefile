@@ -1,0 +1,32 @@
+# Two commands for a fresh machine:
+#   make demo   compile a real model (GPT-2) with novaforge, compare with eager, print the report
+#   make test   run the test suite
+# Both create .venv with torch==2.13.0 (CPU wheel) and what they need.
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+.PHONY: venv demo test lint bench
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/novaforge demo $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/novaforge bench --workload gpt2 --runner all $(ARGS)

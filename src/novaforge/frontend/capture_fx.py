@@ -1,0 +1,171 @@
+"""Fast capture: make_fx over a functionalized `functional_call`, with fake tensors.
+
+This is the default capture (`capture="fx"`); `capture="export"` uses torch.export. Both give
+a functional ATen graph with parameters and buffers as inputs; this path is 3-5x faster on
+transformer models (GPT-2: ~1 s instead of ~5 s on our 2-core machine) because it skips
+export's pre-dispatch trace, its guards and its verifier, which compile time cannot afford.
+
+How it works: parameters, buffers and the tensor leaves of the call's (args, kwargs) become
+the traced function's inputs, in that order; non-tensor leaves are specialized (they are part
+of the runtime guard). `torch.func.functionalize` turns in-place updates of inputs into
+trailing `copy_(input, value)` nodes, which become `Graph.mutations` (buffer updates, user
+input mutations). Output pytree structure is recorded during tracing and rebuilt at run time.
+Invariant: the same as capture.py's — the graph computes what the module computes for inputs
+of the captured signature, or capture raises a clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .lower import InputSpec, UnsupportedError, lower_fx
+
+
+@contextlib.contextmanager
+def _tracing_flags():
+    """Tell libraries that a compiler is tracing (torch.compiler.is_compiling() and
+    is_exporting() are True, as under torch.export), so they take their trace-friendly paths
+    (e.g. transformers skips data-dependent mask checks)."""
+    old = (torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag)
+    try:
+        torch.compiler._is_compiling_flag = True
+        torch.compiler._is_exporting_flag = True
+        yield
+    finally:
+        torch.compiler._is_compiling_flag, torch.compiler._is_exporting_flag = old
+
+
+def _has_mutation(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _decompositions() -> dict:
+    """Ops whose in-place effects functionalization cannot see unless they are decomposed
+    (native_batch_norm updates running statistics without declaring it in its schema)."""
+    from torch._decomp import get_decompositions
+
+    return get_decompositions([torch.ops.aten.native_batch_norm.default])
+
+
+def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .capture import Captured, CaptureError
+
+    params = dict(mod.named_parameters())
+    buffers = dict(mod.named_buffers())
+    pnames, bnames = list(params), list(buffers)
+    flat, in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    tensor_idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    out_info: dict[str, Any] = {}
+
+    def traced(param_list, buffer_list, tensor_args):
+        leaves = list(flat)
+        for i, t in zip(tensor_idx, tensor_args, strict=True):
+            leaves[i] = t
+        a, k = pytree.tree_unflatten(leaves, in_spec)
+        state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
+        out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
+        out_flat, out_spec = pytree.tree_flatten(out)
+        out_info["spec"] = out_spec
+        out_info["consts"] = {i: o for i, o in enumerate(out_flat) if not isinstance(o, torch.Tensor)}
+        return [o for o in out_flat if isinstance(o, torch.Tensor)]
+
+    t0 = time.perf_counter()
+    example = ([p.detach() for p in params.values()], list(buffers.values()), [flat[i] for i in tensor_idx])
+
+    def trace(functional: bool):
+        fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
+        with torch.no_grad(), _tracing_flags():
+            return make_fx(fn, tracing_mode="fake", record_stack_traces=True, _allow_non_fake_inputs=True,
+                           decomposition_table=_decompositions())(*example)
+
+    try:
+        # most models mutate nothing: trace once without functionalization, which is cheaper,
+        # and trace again functionalized only when the graph contains in-place ops
+        gm = trace(False)
+        if _has_mutation(gm):
+            gm = trace(True)
+    except Exception as e:
+        head = "\n".join(str(e).strip().splitlines()[:12])
+        dd = "data-dependent" in str(e) or "_local_scalar_dense" in str(e) or "GuardOnDataDependent" in type(e).__name__
+        hint = (" (control flow or shapes that depend on tensor values cannot be compiled; move them out of "
+                "the compiled region)") if dd else ""
+        raise CaptureError(f"could not capture {type(mod).__name__}{hint}: {type(e).__name__}: {head}") from e
+    t1 = time.perf_counter()
+    if out_info.get("consts"):
+        raise CaptureError(f"{type(mod).__name__} returns non-tensor values {list(out_info['consts'].values())[:3]}; "
+                           "novaforge compiles functions that return tensors (in any pytree)")
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    n_p, n_b = len(pnames), len(bnames)
+    specs: list[InputSpec] = []
+    refs: list[torch.Tensor] = []
+    frozen: list[torch.Tensor] = []
+    for j, _ph in enumerate(placeholders):
+        if j < n_p + n_b:
+            name = pnames[j] if j < n_p else bnames[j - n_p]
+            t = params[name] if j < n_p else buffers[name]
+            if freeze:
+                specs.append(InputSpec("const", name, t.detach()))
+                frozen.append(t)
+            else:
+                specs.append(InputSpec("param" if j < n_p else "buffer", name))
+                refs.append(t)
+        else:
+            specs.append(InputSpec("user", f"input{j - n_p - n_b}"))
+
+    # trailing copy_(input, value) nodes are functionalized input mutations
+    ph_index = {ph: j for j, ph in enumerate(placeholders)}
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = list(out_node.args[0])
+    n_user_out = len(outputs)
+    mutations: list[tuple[int, int]] = []
+    mutated_user: list[int] = []
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in ph_index:
+            j = ph_index[n.args[0]]
+            if j < n_p:
+                raise CaptureError(f"{type(mod).__name__} modifies parameter {pnames[j]} in place")
+            if freeze and j < n_p + n_b:
+                raise CaptureError(f"freeze=True but the model updates buffer {bnames[j - n_p]} (training-mode "
+                                   "BatchNorm?); call model.eval() or compile without freeze")
+            outputs.append(n.args[1])
+            mutations.append((j, len(outputs) - 1))
+            if j >= n_p + n_b:
+                mutated_user.append(j - n_p - n_b)
+            n.replace_all_uses_with(n.args[0])
+            gm.graph.erase_node(n)
+    # tensors the function closed over (not parameters of `mod`) were traced as constants
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.Tensor):
+            frozen.append(getattr(gm, n.target))
+    aten_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                   and isinstance(n.target, torch._ops.OpOverload)
+                   and n.target is not torch.ops.aten._assert_tensor_metadata.default)
+    try:
+        graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
+    t2 = time.perf_counter()
+    graph.meta["aten_ops"] = aten_ops
+    del n_user_out
+    return Captured(
+        graph=graph,
+        out_spec=out_info["spec"],
+        param_refs=refs,
+        aten_ops=aten_ops,
+        externs=ctx.externs,
+        times={"export_s": t1 - t0, "functionalize_s": 0.0, "lower_s": t2 - t1},
+        mutated_inputs=mutated_user,
+        frozen=frozen,
+    )
