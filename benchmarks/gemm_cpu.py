@@ -173,17 +173,20 @@ def check(name: str, call: Callable, a: torch.Tensor, w: torch.Tensor, ref: torc
         raise AssertionError(f"{name}: wrong result (max err {err.max().item():.3g})")
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def time_burst(call: Callable, target_s: float) -> float:
     """Seconds per call over a burst of calls lasting about target_s (first call not timed)."""
     call()
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     call()
-    one = time.perf_counter() - t0
+    one = CLOCK() - t0
     n = max(1, min(200, int(target_s / max(one, 1e-6))))
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(n):
         call()
-    return (time.perf_counter() - t0) / n
+    return (CLOCK() - t0) / n
 
 
 def bench_shape(M: int, K: int, N: int, cands: dict, rounds: int, burst_s: float, pause_s: float) -> dict:
@@ -226,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=str, default=None, help="comma-separated M values")
     p.add_argument("--only", type=str, default=None, help="comma-separated candidate names")
     p.add_argument("--json", type=str, default=None)
+    p.add_argument(
+        "--clock",
+        choices=["wall", "process"],
+        default="wall",
+        help="process: CPU seconds of the whole process (only meaningful with --threads 1, on a busy machine)",
+    )
     args = p.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
     torch.set_num_threads(args.threads)
     ms = [int(x) for x in args.m.split(",")] if args.m else ([128, 1024] if args.quick else MS)
     rounds = 3 if args.quick else args.rounds
@@ -235,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         cands = {k: v for k, v in cands.items() if k in args.only.split(",")}
     random.seed(0)
 
-    print(f"# float32 GEMM, {args.threads} threads, {rounds} rounds x {args.burst}s bursts, median GFLOP/s [IQR]")
+    print(
+        f"# float32 GEMM, {args.threads} threads, {rounds} rounds x {args.burst}s bursts, {args.clock} clock, "
+        "median GFLOP/s [IQR]"
+    )
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, nf isa {gemm.isa()}, "
           f"blocking {gemm.blocking()}, load avg {os.getloadavg()[0]:.1f}")
     names = list(cands)

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "nf_gemm_kernel.h"
 
@@ -321,21 +322,42 @@ void run_task(const Problem& P, const Grid& g, long task) {
                split(np, g.tn, ni + 1, NR, P.N));
 }
 
+/* Split tasks further (up to kTasksPerThread per thread) while each keeps >= kMinTaskMacs MACs
+ * and >= 8 tiles along the split dimension: threads then take tasks dynamically, so a thread
+ * that is descheduled or slowed (shared machines, SMT siblings) does not hold the others up. */
+constexpr long kTasksPerThread = 4;
+constexpr double kMinTaskMacs = 4e6;
+
+Grid refine_grid(Grid g, long batch, long M, long N, long K, int nt) {
+    const long mt = cdiv(M, MR), np = cdiv(N, NR);
+    while (batch * g.tm * g.tn < kTasksPerThread * nt) {
+        const long tiles_m = cdiv(mt, g.tm), tiles_n = cdiv(np, g.tn);
+        if ((double)tiles_m * MR * tiles_n * NR * std::max(K, 1L) / 2 < kMinTaskMacs) break;
+        if (tiles_n >= 16) g.tn *= 2;
+        else if (tiles_m >= 16) g.tm *= 2;
+        else break;
+    }
+    return g;
+}
+
 void run(const Problem& P, long batch, int nthreads) {
     if (batch <= 0 || P.M <= 0 || P.N <= 0) return;
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (omp_in_parallel()) nt = 1;
-    const Grid g = choose_grid(batch, P.M, P.N, P.K, nt);
+    Grid g = choose_grid(batch, P.M, P.N, P.K, nt);
+    if (nt > 1) g = refine_grid(g, batch, P.M, P.N, P.K, nt);
     const long tasks = batch * g.tm * g.tn;
     if (nt > tasks) nt = (int)tasks;
     if (nt <= 1) {
         for (long t = 0; t < tasks; ++t) run_task(P, g, t);
         return;
     }
+    std::atomic<long> next{0};
 #pragma omp parallel num_threads(nt)
     {
-        const long id = omp_get_thread_num(), n = omp_get_num_threads();
-        for (long t = tasks * id / n; t < tasks * (id + 1) / n; ++t) run_task(P, g, t);
+        for (long t = next.fetch_add(1, std::memory_order_relaxed); t < tasks;
+             t = next.fetch_add(1, std::memory_order_relaxed))
+            run_task(P, g, t);
     }
 }
 
