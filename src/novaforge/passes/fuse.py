@@ -211,7 +211,60 @@ class _Grouper:
                 self.place_elementwise(n)
             else:
                 self.add(self.new("single", n.outputs[0].type.shape if n.outputs else ()), n)
+        self.sink_tails()
         return self.groups
+
+    def sink_tails(self) -> None:
+        """Move an elementwise tail of a group into the one group that consumes it, when that
+        costs no extra memory traffic (its inputs are no larger than its output): e.g. the
+        SiLU of Llama's gate projection moves into the up projection's epilogue, making the
+        SiLU gate one kernel."""
+        escaping = set(self.graph.outputs) | {new for _, new in self.graph.mutations}
+        for g in list(self.groups):
+            if g.kind == "single":
+                continue
+            for n in list(reversed(g.nodes)):
+                out = n.outputs[0]
+                if not OPS[n.op].has("elementwise") or out in escaping:
+                    continue
+                users = self.graph.users(out)
+                if not users or any(_is_free(u.op) or self.group_of.get(u) is None for u in users):
+                    continue
+                targets = {self.group_of[u] for u in users}
+                if len(targets) != 1 or g in targets:
+                    continue
+                b = targets.pop()
+                if b.kind not in ("pointwise", "matmul") or not self._sinkable_into(b, n, users):
+                    continue
+                if not self.acyclic(b, n):
+                    continue
+                in_bytes = sum(v.type.nbytes for v in n.inputs if v.type.rank and self._root_group(v) is g)
+                if in_bytes > out.type.nbytes:
+                    continue
+                g.nodes.remove(n)
+                g.reshaped.pop(out, None)
+                if out.type.shape != b.space:
+                    b.reshaped[out] = out.type.shape
+                first = min(b.nodes.index(u) for u in users)
+                b.nodes.insert(first, n)
+                self.group_of[n] = b
+                b.deps |= {h for h in self.source_groups(n) if h is not b}
+
+    def _root_group(self, v: Value) -> Group | None:
+        p = self.defs.get(self.root(v))
+        return self.group_of.get(p) if p is not None else None
+
+    def _sinkable_into(self, b: Group, n: Node, users: list[Node]) -> bool:
+        """Can b compute n in its space, reading n's inputs as external values?"""
+        shape = n.outputs[0].type.shape
+        if any(self._root_group(v) is b for v in n.inputs):
+            return False
+        if shape == b.space:
+            return all(_broadcasts_to(v.type.shape, shape) for v in n.inputs)
+        if _numel(shape) != _numel(b.space) or not all(b.reshaped.get(u.outputs[0]) == shape for u in users):
+            return False
+        return all(_broadcasts_to(v.type.shape, shape) and (v.type.rank == 0 or _reviewable(v.type.shape, shape, b.space))
+                   for v in n.inputs)
 
     def place_reduction(self, n: Node) -> None:
         x = n.inputs[0]
