@@ -35,8 +35,20 @@ import time
 from collections.abc import Callable
 
 THREADS_DEFAULT = 2
+
+
+def _threads_from_argv(argv: list[str]) -> int:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--threads" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return THREADS_DEFAULT
+
+
+# thread pools read these when the libraries load, so they are set before numpy/torch are imported
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, str(THREADS_DEFAULT))
+    os.environ[_var] = str(_threads_from_argv(sys.argv[1:]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -214,6 +226,38 @@ def bench_shape(M: int, K: int, N: int, cands: dict, rounds: int, burst_s: float
     return samples
 
 
+# attention-like batched products per forward of one GPT-2 layer: (heads*batch) x [128 x 64] @ [64 x 128]
+# (scores, B = K^T through strides) and [128 x 128] @ [128 x 64] (probabilities @ V)
+BMM = [("q @ k^T", 64, 128, True), ("p @ v", 128, 64, False)]
+
+
+def bench_bmm(batch: int, threads: int, rounds: int, burst_s: float, pause_s: float) -> list[str]:
+    lines = []
+    lib = ops.lib()
+    for label, K, N, transposed in BMM:
+        gen = torch.Generator().manual_seed(K + N)
+        a = torch.randn(batch, 128, K, generator=gen)
+        b = torch.randn(batch, N, K, generator=gen).transpose(1, 2) if transposed else torch.randn(batch, K, N)
+        c1, c2 = torch.empty(batch, 128, N), torch.empty(batch, 128, N)
+        args = (batch, 128, N, K, a.data_ptr(), a.stride(0), a.stride(1), a.stride(2), b.data_ptr(), b.stride(0),
+                b.stride(1), b.stride(2), c2.data_ptr(), c2.stride(0), c2.stride(1), 0, None, threads)
+        calls = {"torch.bmm": lambda: torch.bmm(a, b, out=c1), "nf": lambda: lib.nf_sgemm_batched(*args)}
+        calls["torch.bmm"](), calls["nf"]()
+        torch.testing.assert_close(c2, c1, rtol=1e-4, atol=1e-4)
+        samples: dict[str, list[float]] = {n: [] for n in calls}
+        order = list(calls)
+        for _ in range(rounds):
+            random.shuffle(order)
+            for name in order:
+                time.sleep(pause_s)
+                samples[name].append(time_burst(calls[name], burst_s))
+        flops = 2.0 * batch * 128 * N * K
+        med = {n: statistics.median(x) for n, x in samples.items()}
+        lines.append(f"| {label}: {batch} x 128 x {K} x {N} | " + " | ".join(
+            f"{flops / med[n] / 1e9:.1f}" for n in calls) + f" | {med['torch.bmm'] / med['nf']:.2f} |")
+    return lines
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
     return q[0], statistics.median(xs), q[2]
@@ -229,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=str, default=None, help="comma-separated M values")
     p.add_argument("--only", type=str, default=None, help="comma-separated candidate names")
     p.add_argument("--json", type=str, default=None)
+    p.add_argument("--no-bmm", action="store_true", help="skip the batched attention-like products")
     p.add_argument(
         "--clock",
         choices=["wall", "process"],
@@ -288,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             txt = ", ".join(f"{n} {per[n] * 1e3:.1f}" for n in names)
             print(f"GPT-2 linear layers, M={M} tokens: ms per forward: {txt}")
+    if not args.no_bmm:
+        print("\n| batched (attention), GFLOP/s | torch.bmm | nf | nf / torch |\n|---|---|---|---|")
+        for batch in sorted({12 * (1 if m <= 128 else 8) for m in ms}):
+            for line in bench_bmm(batch, args.threads, rounds, args.burst, args.pause):
+                print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "rounds": rounds, "results": results}, f)

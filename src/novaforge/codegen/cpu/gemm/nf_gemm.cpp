@@ -47,7 +47,7 @@ Blocking blocking_for(long l1d, long l2) {
     // one KC x NR micro-panel of B takes half of L1 (the rest: A micro-panel, C tile)
     b.kc = std::min(1024L, std::max(64L, (l1d / 2 / (NR * 4)) / 8 * 8));
     // a packed MC x KC block of A takes a quarter of L2
-    b.mc = std::min(2040L, std::max((long)MR, (l2 / 4 / (b.kc * 4)) / MR * MR));
+    b.mc = std::min(std::min(2040L, 1000L * MR), std::max((long)MR, (l2 / 4 / (b.kc * 4)) / MR * MR));
     // a KC x NC block of (unpacked) B takes half of L2
     b.nc = std::max((long)NR, (l2 / 2 / (b.kc * 4)) / NR * NR);
     return b;
@@ -206,7 +206,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     const float* bias = ep ? ep->bias : nullptr;
     const float* res = (ep && ep->residual) ? ep->residual + bi * ep->bs_residual : nullptr;
     const long ldr = ep ? ep->ld_residual : 0;
-    int tiles[4096];
+    int tiles[1024];  // mc <= 1000 * MR (blocking_for)
 
     for (long ic = m0; ic < m1; ic += mc) {
         const long mcb = std::min(mc, m1 - ic);
