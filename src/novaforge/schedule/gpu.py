@@ -244,6 +244,9 @@ class MatmulEstimate:
 MM_TILES = (16, 32, 64, 128, 256)
 ACC_REGS_MAX = 128  # fp32 accumulator registers per thread (eq. M3); the rest hold addresses/operands
 REGS_OVERHEAD = 40
+SMEM_USABLE = 0.9  # of the per-block limit: the rest is left to barriers and epilogue layout conversions
+MAX_STAGES = 4
+SM_BW_SHARE = 2.0
 
 
 def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, target: GpuTarget,
@@ -271,12 +274,12 @@ def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, ta
                 continue
             regs = acc + REGS_OVERHEAD
             stage_bytes = (bm * bk + bk * bn) * e
-            s_max = target.smem_per_block // stage_bytes
+            s_max = int(SMEM_USABLE * target.smem_per_block) // stage_bytes
             if s_max < 2:
                 continue
-            # eq. M4: enough stages in flight to cover the DRAM latency with one k-step of MMA each
+            # eq. M4: enough stages in flight to cover 1.5x the DRAM latency with one k-step of MMA each
             t_k = 2.0 * bm * bn * bk / p_sm
-            stages = clamp(1 + math.ceil(target.mem_latency_s / t_k), 2, min(s_max, 5, cdiv(k, bk) + 1))
+            stages = clamp(1 + math.ceil(1.5 * target.mem_latency_s / t_k), 2, min(s_max, MAX_STAGES, cdiv(k, bk) + 1))
             smem = stages * stage_bytes
             # eq. M5: resident CTAs per SM
             ctas = min(target.smem_per_sm // smem, target.regs_per_sm // (32 * w * regs),
@@ -302,7 +305,9 @@ def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, ta
             else:
                 per_wave = (g * bm + (active / g) * bn) * k * e
                 dram = max(compulsory, cdiv(tiles, active) * per_wave + batch * m * n * e_out + extra_bytes)
-            t_dram = dram / target.mem_bandwidth
+            # eq. M8': one SM pulls at most twice its fair share of DRAM bandwidth
+            sms = min(tiles, target.sm_count)
+            t_dram = dram / min(target.mem_bandwidth, sms * SM_BW_SHARE * target.mem_bandwidth / target.sm_count)
             # eq. M9: pipeline fill and epilogue latency, once per wave of resident CTAs
             t_fill = cdiv(tiles, target.sm_count * ctas) * target.mem_latency_s
             out.append(MatmulEstimate(bm, bn, bk, w, stages, g, ctas, tiles, t_compute, t_l2, t_dram, t_fill,
@@ -357,8 +362,8 @@ def pointwise_schedule(numel: int, bytes_read: int, max_itemsize: int, target: G
     inflight = target.mem_bandwidth * target.mem_latency_s / target.sm_count  # eq. P1
     block = pow2_ceil(inflight / (max(1, bytes_read) * ctas))  # eq. P2
     block = clamp(block, 32 * w * vec, 4096)
-    fill = pow2_ceil(cdiv(max(numel, 1), target.sm_count))  # eq. P3: at least one program per SM
-    block = clamp(min(block, fill), 128, 4096)
+    fill = pow2_floor(max(numel, 1) // target.sm_count)  # eq. P3: at least one program per SM
+    block = clamp(min(block, fill), max(128, 32 * vec), 4096)
     w = clamp(block // (32 * vec * 2), 1, 8)  # eq. P4: two 16-byte vectors per thread
     w = pow2_floor(w)
     return PointwiseSchedule(block, w, cdiv(max(numel, 1), block), vec)

@@ -14,13 +14,16 @@ On a CUDA graph the kernels run on the GPU; on a CPU graph they run in Triton's 
 Options (novaforge.compile(..., **options)): tf32 (True: float32 matmuls and attention on TF32
 tensor cores), cuda_graphs (True: capture and replay static-shape programs), matmul_loader
 ("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
-max_reduction_block (tests: cap a reduction's column block, forcing the looped form).
+max_reduction_block (tests: cap a reduction's column block, forcing the looped form),
+parallel_compile (True: compile all new kernels of a program at build time in compile_threads
+threads, instead of one by one at their first launch).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import torch
@@ -163,6 +166,7 @@ class TritonBackend:
         prog.allocate(graph.meta.get("memory_plan"))
         dump = loader.dump_dir(options)
         uses_tma = False
+        warm: dict[int, tuple[Any, KernelSource, list[torch.dtype]]] = {}
         for n in graph.nodes:
             if n.op != "kernel":
                 if not OPS[n.op].has("view"):
@@ -177,6 +181,7 @@ class TritonBackend:
             if self.info(k) is not None and all(v.type.numel > 0 for v in n.outputs):
                 src, fn = self.kernel_for(k, target, options, interpret)
                 prog.kernels.append(src)
+                warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
                 uses_tma |= src.uses_tma
                 if dump is not None:
                     loader.dump_source(dump, k.name, src.source)
@@ -188,6 +193,8 @@ class TritonBackend:
                 prog.add_step(Step("torch", k.name, args, outs, body=k.body, preallocated=pre))
         if uses_tma:
             _install_tma_allocator(device)
+        if not interpret and options.get("parallel_compile", True):
+            _precompile(warm, options)
         if dump is not None:
             (dump / "program.txt").write_text(prog.describe() + "\n")
         return prog
@@ -220,6 +227,22 @@ def _launcher(fn: Any, src: KernelSource, interpret: bool):
     if interpret:
         return lambda *args: launch(*args, UPCAST=True)
     return lambda *args: launch(*args, UPCAST=False, **opts)
+
+
+def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]], options: dict[str, Any]) -> None:
+    """Compile every new kernel of the program now, in parallel threads (Triton's compiler
+    releases the GIL in its passes and runs ptxas as a subprocess); the first call then only
+    launches. Falls back to compiling lazily at the first launch if this Triton lacks the hook."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # pragma: no cover - older Triton
+        return
+    workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, AsyncCompileMode(pool):
+        for fn, src, dtypes in kernels.values():
+            fn.warmup(*dtypes, grid=src.grid, UPCAST=False, num_warps=src.num_warps, num_stages=src.num_stages)
 
 
 _allocator_installed = False
