@@ -519,6 +519,40 @@ def test_core_aten_decomposition_of_sdpa(mode):
     torch.testing.assert_close(interpret(g, list(args))[0], _SDPA(mode)(*args), atol=1e-5, rtol=1e-5)
 
 
+class _MHA(torch.nn.Module):
+    def __init__(self, return_weights: bool) -> None:
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        self.return_weights = return_weights
+
+    def forward(self, x):
+        out, weights = self.mha(x, x, x, need_weights=True)
+        return (out, weights) if self.return_weights else out
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_multihead_attention_fused_unless_weights_are_returned(return_weights):
+    module = _MHA(return_weights).eval()
+    x = torch.randn(2, 5, 32)
+    ep = torch.export.export(module, (x,), strict=False)
+    params = dict(module.named_parameters())
+    specs, inputs = [], []
+    for s in ep.graph_signature.input_specs:
+        is_param = s.kind.name == "PARAMETER"
+        specs.append(InputSpec("param", s.target) if is_param else InputSpec("user", "x"))
+        inputs.append(params[s.target].detach() if is_param else x)
+    graph, _ = lower_fx(ep.graph_module, specs)
+    g, records = run_pipeline(graph, graph_passes(), check=True)
+    counters = next(r for r in records if r.name == "fuse_attention").counters
+    assert len(attention_nodes(g)) == int(not return_weights)
+    assert counters == ({"skipped_intermediate_used": 1} if return_weights else {"eager_softmax_chain": 1})
+    with torch.no_grad():
+        ref = module(x)
+    got = interpret(g, inputs)
+    for a, r in zip(got, ref if return_weights else (ref,), strict=True):
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------- transformers models
 transformers = pytest.importorskip("transformers")
 LAYERS = 2
@@ -550,7 +584,7 @@ def _inputs(pad: bool):
     return (ids,), {"attention_mask": am}
 
 
-def _compile_and_check(model, args, kwargs, *, freeze: bool, capture_mode: str = "export", **extra):
+def _compile_and_check(model, args, kwargs, *, freeze: bool, capture_mode: str = "fx", **extra):
     import novaforge
 
     compiled = novaforge.compile(model, backend="interpret", freeze=freeze, capture=capture_mode)
@@ -564,14 +598,22 @@ def _compile_and_check(model, args, kwargs, *, freeze: bool, capture_mode: str =
     return stats.graph, counters, got, ref
 
 
-@pytest.mark.parametrize("pad", [False, True], ids=["nopad", "pad"])
-@pytest.mark.parametrize("freeze", [False, True], ids=["params", "frozen"])
+# capture "fx" (the default) on every case, "export" on two: the graphs differ in how masks and
+# repeat_kv arrive (e.g. fx hands SDPA a float where(mask, 0, -inf), export a bool mask)
+MODEL_CASES = [(mode, freeze, pad) for mode in ("fx", "export") for freeze in (False, True)
+               for pad in (False, True) if mode == "fx" or freeze == pad]
+
+
+MODEL_IDS = [f"{m}-{'frozen' if f else 'params'}-{'pad' if p else 'nopad'}" for m, f, p in MODEL_CASES]
+
+
+@pytest.mark.parametrize("capture_mode,freeze,pad", MODEL_CASES, ids=MODEL_IDS)
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
-def test_transformers_models_one_attention_per_layer(name, impl, freeze, pad):
+def test_transformers_models_one_attention_per_layer(name, impl, capture_mode, freeze, pad):
     model = _model(name, impl)
     args, kwargs = _inputs(pad)
-    g, counters, _, _ = _compile_and_check(model, args, kwargs, freeze=freeze)
+    g, counters, _, _ = _compile_and_check(model, args, kwargs, freeze=freeze, capture_mode=capture_mode)
     atts = attention_nodes(g)
     assert len(atts) == LAYERS, counters
     assert op_count(g, "exp") == 0, "a softmax chain is left"
@@ -606,11 +648,3 @@ def test_output_attentions_keeps_the_eager_chain():
     assert counters == {"skipped_intermediate_used": LAYERS}
     for a, r in zip(got.attentions, ref.attentions, strict=True):
         torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", ["bert", "llama"])
-def test_eager_models_with_fx_capture(name):
-    model = _model(name, "eager")
-    args, kwargs = _inputs(pad=False)
-    g, counters, _, _ = _compile_and_check(model, args, kwargs, freeze=True, capture_mode="fx")
-    assert len(attention_nodes(g)) == LAYERS and counters["eager_softmax_chain"] == LAYERS
