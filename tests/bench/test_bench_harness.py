@@ -141,6 +141,7 @@ def test_cli_runs_eager_and_novaforge_in_subprocesses_and_writes_json(tmp_path, 
     assert [(p["runner"], p["process"]) for p in procs] == [("eager", 0), ("novaforge", 0), ("novaforge", 1),
                                                             ("eager", 1)]  # interleaved, order reversed in pass 2
     assert len({p["env"]["pid"] for p in procs}) == 4  # a fresh process each
+    assert all(len(p["load_avg_1min"]) == 2 for p in procs) and len(data["load_avg_1min"]) == 2
     assert [p["rows"][0]["cache"] for p in procs if p["runner"] == "novaforge"][0] == "cold"
 
 

@@ -39,7 +39,8 @@ def payload():
         _ok("square 1024 1024x1024x1024", "novaforge", "matmul", 26.0, gflops=82.6, speedup_vs_eager=0.96,
             max_rel_diff=1e-7, metrics=dict(METRICS, launches=1, compile_s={"total_s": 0.07})),
     ]
-    return {"date": "2026-11-30T00:00:00+00:00", "rows": rows, "machine": {"cpu": "Test CPU"},
+    return {"date": "2026-11-30T00:00:00+00:00", "rows": rows, "machine": {"cpu": "Test CPU", "cores_available": 2},
+            "load_avg_1min": [0.5, 9.0],
             "options": {"device": "cpu", "dtype": "float32", "threads": 2, "procs": 2, "nf_backend": "auto"}}
 
 
@@ -57,6 +58,7 @@ def test_tables_are_well_formed_and_complete():
     assert "cold 4.60 / warm 4.50" in text
     assert "0.04x" in text and "1.06x" in text
     assert "4.0e-07 / 9.0e-07" in text
+    assert "load average during the run 0.5–9.0" in text and "WARNING: the load exceeded the 2 cores" in text
 
 
 def test_metrics_block():

@@ -144,6 +144,7 @@ def run_process(case: Case, runner: str, index: int, opts: Options, root: Path,
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out_path, log_path = pdir / "result.json", pdir / "log.txt"
+    load_before = _load()
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "novaforge.bench.worker", str(pdir / "spec.json"),
@@ -165,9 +166,18 @@ def run_process(case: Case, runner: str, index: int, opts: Options, root: Path,
         result = {"status": "failed", "reason": why, "log_tail": tail}
     if result["status"] == "failed" and "log_tail" not in result:
         result["log_tail"] = log_path.read_bytes()[-1500:].decode(errors="replace")
-    result.update(case=case.label, runner=runner, process=index, spec=spec, process_wall_s=wall)
+    result.update(case=case.label, runner=runner, process=index, spec=spec, process_wall_s=wall,
+                  load_avg_1min=[load_before, _load()])
     log(_progress_line(result, index, opts.procs))
     return result
+
+
+def _load() -> float | None:
+    """The 1-minute load average: other work on the machine, recorded with every process."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _progress_line(r: dict[str, Any], index: int, procs: int) -> str:
@@ -201,12 +211,14 @@ def run(opts: Options, log: Callable[[str], None] = lambda s: print(s, file=sys.
         else:
             shutil.rmtree(root, ignore_errors=True)
     rows = aggregate(processes, cases) + skipped
+    loads = [x for p in processes for x in p.get("load_avg_1min", []) if x is not None]
     envs = [p["env"] for p in processes if p.get("env")]
     repo = res.repo_root()
     return {
         "date": started.isoformat(timespec="seconds"), "finished": res.now_utc().isoformat(timespec="seconds"),
         "options": asdict(opts), "machine": res.machine(),
         "gpu": next((e.get("gpu") for e in envs if e.get("gpu")), None),
+        "load_avg_1min": [min(loads), max(loads)] if loads else None,
         "versions": res.versions(), "git_commit": res.git_commit(repo) if repo else None,
         "rows": rows, "processes": processes,
     }

@@ -175,6 +175,12 @@ def render(payload: dict[str, Any]) -> str:
              f"{o.get('threads')} threads, {o.get('procs')} processes per case, "
              f"novaforge backend {o.get('nf_backend')}",
              f"machine: {payload.get('machine', {}).get('cpu', '?')}{gpu}"]
+    load, cores = payload.get("load_avg_1min"), payload.get("machine", {}).get("cores_available")
+    if load:
+        lines[-1] += f"; 1-min load average during the run {load[0]:.1f}–{load[1]:.1f}"
+        if cores and load[1] > 1.5 * cores:
+            lines.append(f"WARNING: the load exceeded the {cores} cores: other work competed with the runners; "
+                         "absolute times are inflated, compare ratios only and rerun on a quiet machine")
     for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table)):
         mine = _grouped([r for r in rows if r.get("kind") == kind])
         if mine:
