@@ -171,6 +171,19 @@ def test_eager_chain_scale_forms(scale_form):
     assert op_count(fused, "exp") == 0 and op_count(fused, "matmul") == 0
 
 
+def test_eager_chain_without_batch_axes():
+    """Single-head 2-D attention: the attention node gets a unit batch axis, the output a view."""
+    b = IRBuilder()
+    q, k, v = b.input(5, 4, name="q"), b.input(7, 4, name="k"), b.input(7, 3, name="v")
+    m = b.const(torch.zeros(5, 7).masked_fill(torch.rand(5, 7) > 0.7, NEG_INF).index_fill(1, torch.tensor([0]), 0.0))
+    s = b.op("add", b.op("matmul", q, transpose(b, k)), m)
+    g = b.graph(b.op("matmul", softmax(b, s), v))
+    fused, ctx = run_fusion(g, rand_for(g))
+    (att,) = attention_nodes(fused)
+    assert att.inputs[0].type.shape == (1, 5, 4) and fused.outputs[0].type.shape == (5, 3)
+    assert ctx.counters == {"eager_softmax_chain": 1}
+
+
 def test_eager_chain_kt_from_head_split_permute():
     """GPT-2: K^T is permute([B,S,H,D] -> [B,H,D,S]); the key becomes the [0,2,1,3] permute."""
     b = IRBuilder()

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from ..ir import OPS, Graph, Node, Rewriter, TensorType, Value
-from ..ir.extern import decode
 
 CONST_EVAL_MAX_ELEMENTS = 1 << 22
 CONST_EVAL_MAX_DEPTH = 64
@@ -224,8 +223,8 @@ def peel_operand(facts: Facts, v: Value) -> tuple[Value, float]:
 # ------------------------------------------------------------------ GQA head repetition
 def _repeat_source(facts: Facts, rep: Value, block: int) -> tuple[Value, int] | None:
     """If `rep` (flat) repeats each consecutive block of `block` elements of a source n times
-    in a row, (source, n). Recognizes HF's repeat_kv (expand of an inserted size-1 axis) and
-    `repeat_interleave` kept as an extern."""
+    in a row, (source, n): an expand of one size-1 axis whose trailing axes hold one block, as
+    HF's repeat_kv and the lowering of repeat_interleave produce."""
     n = facts.producer(rep, "expand")
     if n is not None:
         src = n.inputs[0]
@@ -238,21 +237,6 @@ def _repeat_source(facts: Facts, rep: Value, block: int) -> tuple[Value, int] | 
         if math.prod(rep.type.shape[j + 1:]) != block:
             return None
         return src, rep.type.shape[j]
-    n = facts.producer(rep, "extern")
-    if n is not None and n.attrs["target"] == "aten.repeat_interleave.self_int" and len(n.inputs) == 1:
-        try:
-            args, kwargs = decode(n.attrs["spec"], n.inputs)
-        except (TypeError, ValueError, IndexError):
-            return None
-        src = n.inputs[0]
-        dim = args[2] if len(args) > 2 else kwargs.get("dim")
-        repeats = args[1] if len(args) > 1 else None
-        if not isinstance(repeats, int) or isinstance(repeats, bool) or not isinstance(dim, int) or repeats < 1:
-            return None
-        d = dim % max(src.type.rank, 1)
-        if math.prod(src.type.shape[d + 1:]) != block:
-            return None
-        return src, repeats
     return None
 
 
