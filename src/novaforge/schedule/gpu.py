@@ -438,6 +438,9 @@ class AttentionSchedule:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
 
+ATTN_REGS = 96  # float32 registers per thread for the output accumulator and the score tile (eq. A2)
+
+
 def attention_schedule(batch_heads: int, q_len: int, kv_len: int, d: int, dv: int, dtype: torch.dtype,
                        target: GpuTarget, tf32: bool = True) -> AttentionSchedule:
     """eq. A1-A3: BLOCK_M query rows per program (128, fewer when that leaves SMs idle), BLOCK_N
@@ -450,7 +453,7 @@ def attention_schedule(batch_heads: int, q_len: int, kv_len: int, d: int, dv: in
         bm //= 2
     bn = clamp(64 if max(bd, bdv) <= 128 else 32, 16, max(16, pow2_ceil(kv_len)))
     w = 4
-    while (bm * bdv + bm * bn) // (32 * w) > 128 and w < 8:  # eq. A2: acc + scores <= 128 regs/thread
+    while (bm * bdv + bm * bn) // (32 * w) > ATTN_REGS and w < 8:  # eq. A2: acc + scores <= 96 regs/thread
         w *= 2
     q_bytes = bm * bd * e
     stage = bn * (bd + bdv) * e
