@@ -437,6 +437,18 @@ def test_sdpa_node_masks(mask):
     assert (ctx.counters, att.attrs["causal"], len(att.inputs)) == want
 
 
+def test_sdpa_node_mask_and_all_true_is_narrowed():
+    """BERT's padding mask: and(all-true [1,1,L,1], pad [B,1,1,S]) -> pad."""
+    b = IRBuilder()
+    q, k, v = qkv(b)
+    pad = b.input(2, 1, 1, 7, dtype=torch.bool, name="pad")
+    m = b.op("logical_and", b.const(torch.ones(1, 1, 5, 1, dtype=torch.bool)), pad)
+    g = b.graph(b.op("attention", q, k, v, m, scale=0.5, causal=False))
+    fused, ctx = run_fusion(g, rand_for(g))
+    (att,) = attention_nodes(fused)
+    assert att.inputs[3] is pad and ctx.counters == {"mask_narrowed": 1}
+
+
 def test_sdpa_node_padding_mask_untouched():
     b = IRBuilder()
     q, k, v = qkv(b)
@@ -637,6 +649,8 @@ def test_transformers_models_one_attention_per_layer(name, impl, capture_mode, f
             assert att.inputs[1].type.shape[-3] == 2 and att.inputs[0].type.shape[-3] == 4
         if pad:
             assert len(att.inputs) == 4 and not att.attrs["causal"]
+            if name == "bert" and impl == "sdpa":  # and(all-true, padding) narrowed to padding
+                assert att.inputs[3].type.shape == (2, 1, 1, 16)
         else:  # constant masks: causal for the decoders, nothing at all for BERT
             assert len(att.inputs) == 3 and att.attrs["causal"] is (name != "bert")
     if name == "llama":

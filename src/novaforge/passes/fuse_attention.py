@@ -5,25 +5,27 @@ view chains are canonical. Two kinds of anchors are rewritten:
 
 1. `attention` nodes (lowered scaled_dot_product_attention: transformers' default "sdpa"
    path and user code) are canonicalized:
-   * GQA: k and v repeated per head (HF's repeat_kv, reshape(expand(reshape(k0))), or
-     `repeat_interleave`) are replaced by k0, v0; the op groups query heads itself, and the
-     repetition is a view strides cannot express, which fusion would otherwise copy.
-   * masks: where(c, 0, -inf) (SDPA's own reading of a bool mask) becomes c; a constant mask
-     that keeps everything is dropped; one equal to the top-left causal triangle on every batch
-     and head becomes causal=True. Other masks (padding, bottom-right causal) stay inputs.
+   * GQA: k and v repeated per head (HF's repeat_kv and the lowering of repeat_interleave:
+     reshape(expand(reshape(k0)))) are replaced by k0, v0; the op groups query heads itself,
+     and the repetition is a view strides cannot express, which fusion would otherwise copy.
+   * masks: where(c, 0, -inf) (SDPA's own reading of a bool mask) becomes c; and(all-true
+     constant, m) becomes m; a constant mask that keeps everything is dropped; one equal to the
+     top-left causal triangle on every batch and head becomes causal=True. Other masks
+     (padding, bottom-right causal) stay inputs.
 2. Eager chains, read back from matmul(P, V) (the table `EAGER_CHAIN` below lists the layers):
    transformers' attn_implementation="eager", user code, and the core-ATen decomposition of
    scaled_dot_product_attention. One attention node replaces the chain when it computes the
    same thing: the softmax is over the key axis, every scale is one number, no intermediate
    (scores, probabilities) is used elsewhere (output_attentions), and no row can be masked
    entirely unless the chain already maps such rows to 0 as the op does (torch's
-   _safe_softmax fix-up), since eager softmax gives NaN there.
+   _safe_softmax fix-up), since eager softmax gives NaN there. Its masks are canonicalized
+   as above.
 
 Replaced chains are left for the following dce. Counters (PassContext.count):
 sdpa_gqa_unrepeated, eager_gqa_unrepeated, eager_softmax_chain, decomposed_sdpa_chain,
-mask_to_bool, mask_dropped, mask_to_causal, and skipped_<reason> for chains that looked like
-attention but were kept (softmax_axis, intermediate_used, nonscalar_scale, full_row_mask,
-batch_broadcast, types).
+mask_to_bool, mask_dropped, mask_to_causal, mask_narrowed, and skipped_<reason> for chains
+that looked like attention but were kept (softmax_axis, intermediate_used, nonscalar_scale,
+full_row_mask, batch_broadcast, types).
 """
 
 from __future__ import annotations
@@ -143,9 +145,19 @@ def _valid(plan: Plan) -> bool:
 # -------------------------------------------------------------------------------- masks
 def canonical_mask(facts: Facts, mask: Expr | None, q_len: int, k_len: int) -> tuple[Expr | None, bool, list[str]]:
     """(mask, causal, counters): a constant mask that keeps everything is dropped, one equal to
-    the top-left causal triangle becomes causal=True; anything else stays."""
+    the top-left causal triangle becomes causal=True; an `and` with an all-true constant is
+    narrowed to its other operand (BERT's padding mask: [B,1,1,S] instead of [B,1,L,S]);
+    anything else stays."""
     if mask is None:
         return None, False, []
+    notes: list[str] = []
+    while (and_ := facts.producer(mask, "logical_and")) is not None:
+        # and(all-true constant, m) == m broadcast; the attention op broadcasts masks itself
+        keep = [v for v in and_.inputs if not _all_true(facts, v)]
+        if len(keep) != 1:
+            break
+        mask = keep[0]
+        notes.append("mask_narrowed")
     t = eval_expr(facts, mask)
     if t is not None:
         kind = classify_const_mask(t, q_len, k_len)
@@ -153,7 +165,12 @@ def canonical_mask(facts: Facts, mask: Expr | None, q_len: int, k_len: int) -> t
             return None, False, ["mask_dropped"]
         if kind == "causal":
             return None, True, ["mask_to_causal"]
-    return mask, False, []
+    return mask, False, notes
+
+
+def _all_true(facts: Facts, v: Value) -> bool:
+    t = facts.const_value(v)
+    return t is not None and t.dtype == torch.bool and bool(t.all())
 
 
 def _kv_pair(facts: Facts, k: Expr, v: Expr, batch: tuple[int, ...]) -> tuple[Expr, Expr, bool] | None:
