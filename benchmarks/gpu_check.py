@@ -16,7 +16,8 @@ and skipped once the time budget (--budget, seconds) is spent:
     call, empty caches), latency (median of timed calls), peak memory
     (torch.cuda.max_memory_allocated over the timed calls) and ||y - y_eager|| / ||y_eager||;
  4. GPT2Model in float32 with TF32 math: novaforge against eager at full float32 precision;
- 5. diagnostics: the matmul table with the other operand loader (pointer vs TMA descriptors).
+ 5. diagnostics: the matmul table with the other operand loader (pointer vs TMA descriptors), and
+    GPT2Model with novaforge's matmul kernels replaced by torch.matmul (cuBLAS) and unfused epilogues.
 It prints a markdown table last and writes everything to --out/gpu_check.json (and .md).
 Environment: fresh TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR / NOVAFORGE_CACHE_DIR under a
 temporary directory, so compile times are cold for every runner.
@@ -231,7 +232,7 @@ class Check:
                     "llama": transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                                       num_key_value_heads=2, intermediate_size=48, vocab_size=97,
                                                       use_cache=False)}
-            batch, seq = 2, 8
+            batch, seq = 1, 8
         else:
             cfgs = {"gpt2": transformers.GPT2Config(use_cache=False),
                     "llama": transformers.LlamaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -253,14 +254,15 @@ class Check:
         return None if self.dry else self.torch.cuda.max_memory_allocated() / 2**30
 
     def run_model(self, name: str, dtype_name: str = "bf16", runners=("eager", "torch.compile", "novaforge"),
-                  tf32: bool = False) -> dict[str, Any]:
+                  tf32: bool = False, nf_options: dict[str, Any] | None = None) -> dict[str, Any]:
         torch = self.torch
         import novaforge
 
         dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
         model, ids = self.make_model(name, dtype)
         iters = 1 if self.dry else 10
-        res: dict[str, Any] = {"model": name, "dtype": dtype_name, "batch_x_seq": list(ids.shape)}
+        res: dict[str, Any] = {"model": name, "dtype": dtype_name, "batch_x_seq": list(ids.shape),
+                               "nf_options": nf_options or {}}
 
         def last(out):
             return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -292,7 +294,7 @@ class Check:
                         fn = torch.compile(model)
                         out = last(fn(ids))
                     else:
-                        fn, out = _nf_compile(novaforge, model, ids, tf32)
+                        fn, out = _nf_compile(novaforge, model, ids, tf32, nf_options or {})
                         out = last(out)
                         r["times"] = {k: round(v, 3) for k, v in fn.stats().times.items()}
                         prog = fn.stats().program
@@ -346,15 +348,15 @@ def _mm(a, b):
     return a @ b
 
 
-def _nf_compile(novaforge, model, ids, tf32: bool):
+def _nf_compile(novaforge, model, ids, tf32: bool, options: dict[str, Any]):
     """novaforge.compile and its first call (which compiles), with the default capture, or
     torch.export's if that fails. Returns the compiled callable and the first call's output."""
-    fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32)
+    fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, **options)
     try:
         return fn, fn(ids)
     except novaforge.CaptureError as e:
         print(f"default capture failed ({str(e)[:200]}); retrying with capture='export'", flush=True)
-        fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, capture="export")
+        fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, capture="export", **options)
         return fn, fn(ids)
 
 
@@ -396,7 +398,9 @@ def markdown(results: dict[str, Any]) -> str:
                                  " | | | |")
                     continue
                 lat = r.get("latency_s")
-                lines.append(f"| {m['model']} {m['dtype']} | {runner} | {_fmt(r.get('compile_s'), '.1f')} | "
+                label = runner + (" " + ",".join(f"{k}={v}" for k, v in m["nf_options"].items())
+                                  if runner == "novaforge" and m.get("nf_options") else "")
+                lines.append(f"| {m['model']} {m['dtype']} | {label} | {_fmt(r.get('compile_s'), '.1f')} | "
                              f"{_fmt(lat * 1e3 if lat else None, '.2f')} | {_fmt(r.get('peak_gib'), '.2f')} | "
                              f"{_fmt(r.get('rel_diff'), '.2e')} |")
             if m.get("ratios"):
@@ -439,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         chk.part("model gpt2 tf32", chk.run_model, "gpt2", "fp32", ("eager", "novaforge"), True)
     if not args.dry_run and torch.cuda.get_device_capability() >= (9, 0):
         chk.part("matmul pointer loader", chk.matmul_table, "pointer")
+    if have_transformers and not args.skip_models:
+        chk.part("model gpt2 cublas matmuls", chk.run_model, "gpt2", "bf16", ("eager", "novaforge"), False,
+                 {"matmul_executor": "torch"})
     chk.results["total_s"] = chk.elapsed()
     md = markdown(chk.results)
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:

@@ -33,4 +33,6 @@ def test_gpu_check_dry_run(tmp_path):
         assert nf["rel_diff"] < 2e-2 and nf["rel_diff_replay"] == nf["rel_diff"], nf
         assert nf["steps"].get("torch", 0) == 0
     assert res["parts"]["model gpt2 tf32"]["novaforge"]["rel_diff"] < 1e-5
+    lib = res["parts"]["model gpt2 cublas matmuls"]["novaforge"]  # matmuls through torch.matmul
+    assert lib["steps"]["torch"] >= 1 and lib["rel_diff"] < 2e-2
     assert "| matmul | dtype |" in proc.stdout and (tmp_path / "gpu_check.md").exists()

@@ -16,7 +16,8 @@ tensor cores), cuda_graphs (True: capture and replay static-shape programs), mat
 ("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
 max_reduction_block (tests: cap a reduction's column block, forcing the looped form),
 parallel_compile (True: compile all new kernels of a program at build time in compile_threads
-threads, instead of one by one at their first launch).
+threads, instead of one by one at their first launch), matmul_executor ("triton", or "torch" to run
+matmul kernels as torch.matmul (cuBLAS) plus unfused epilogue ops: a comparison point).
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ class TritonBackend:
             k: Kernel = n.attrs["kernel"]
             args = [prog.slot(v) for v in n.inputs]
             outs = [prog.slot(v) for v in n.outputs]
-            if self.info(k) is not None and all(v.type.numel > 0 for v in n.outputs):
+            library = k.kind == "matmul" and options.get("matmul_executor", "triton") == "torch"
+            if self.info(k) is not None and not library and all(v.type.numel > 0 for v in n.outputs):
                 src, fn = self.kernel_for(k, target, options, interpret)
                 prog.kernels.append(src)
                 warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
