@@ -378,10 +378,10 @@ def markdown(results: dict[str, Any]) -> str:
         for kind, s in mm["summary"].items():
             lines.append(f"| geomean {kind} | | | | {_fmt(s['geomean_speedup'], '.3f')} (target "
                          f"{'1.0' if kind == 'tf32' else '0.95'}) | max {_fmt(s['max_rel_err'], '.2e')} | | |")
-        alt = results["parts"].get("matmul pointer loader")
+        alt = results["parts"].get("matmul tma loader")
         if alt:
             for kind, s in alt["summary"].items():
-                lines.append(f"| geomean {kind}, pointer loader | | | | {_fmt(s['geomean_speedup'], '.3f')} | "
+                lines.append(f"| geomean {kind}, TMA loader | | | | {_fmt(s['geomean_speedup'], '.3f')} | "
                              f"max {_fmt(s['max_rel_err'], '.2e')} | | |")
         lines.append("")
     models = [v for k, v in results["parts"].items() if k.startswith("model") and v]
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         chk.part("model llama", chk.run_model, "llama")
         chk.part("model gpt2 tf32", chk.run_model, "gpt2", "fp32", ("eager", "novaforge"), True)
     if not args.dry_run and torch.cuda.get_device_capability() >= (9, 0):
-        chk.part("matmul pointer loader", chk.matmul_table, "pointer")
+        chk.part("matmul tma loader", chk.matmul_table, "tma")
     if have_transformers and not args.skip_models:
         chk.part("model gpt2 cublas matmuls", chk.run_model, "gpt2", "bf16", ("eager", "novaforge"), False,
                  {"matmul_executor": "torch"})

@@ -135,3 +135,18 @@ def test_llama_bf16_matches_eager():
         got = c(ids).last_hidden_state
         want = m(ids).last_hidden_state
     assert rel_err(got, want) < 2e-2
+
+
+def test_kernels_that_fail_to_compile_run_through_torch():
+    m = torch.nn.Sequential(Block(8)).eval()
+    x = torch.randn(3, 8)
+    c = compiled(m, freeze=True)
+    with torch.no_grad():
+        c(x)
+        prog = c.stats().program
+        first = next(st for st in prog.steps if st.kind == "triton")
+        n_triton = steps(c)["triton"]
+        with pytest.warns(UserWarning, match="failed to compile"):
+            backend()._fall_back(prog, {id(first.node): "boom"})
+        assert steps(c)["triton"] == n_triton - 1 and len(prog.kernels) == n_triton - 1
+        torch.testing.assert_close(c(x), m(x), atol=1e-5, rtol=1e-5)

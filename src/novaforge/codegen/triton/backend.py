@@ -13,7 +13,8 @@ On a CUDA graph the kernels run on the GPU; on a CPU graph they run in Triton's 
 
 Options (novaforge.compile(..., **options)): tf32 (True: float32 matmuls and attention on TF32
 tensor cores), cuda_graphs (True: capture and replay static-shape programs), matmul_loader
-("auto" | "pointer" | "tma"), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
+("pointer", the default until TMA is measured on hardware; "tma"; "auto": TMA on Hopper where the
+operands allow it), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
 max_reduction_block (tests: cap a reduction's column block, forcing the looped form),
 parallel_compile (True: compile all new kernels of a program at build time in compile_threads
 threads, instead of one by one at their first launch), matmul_executor ("triton", or "torch" to run
@@ -25,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -107,7 +109,7 @@ class TritonBackend:
             return s
         if info.kind == "matmul":
             lay = MatmulLayout(info)
-            choice = options.get("matmul_loader", "auto")
+            choice = options.get("matmul_loader", "pointer")
             tma_ok = lay.tma_operands() is not None and (choice == "tma" or (choice == "auto" and target.hopper
                                                                                  and not target.interpret))
             extra = sum(t.nbytes for t in info.inputs) - _operand_bytes(info, lay)  # epilogue reads
@@ -154,6 +156,16 @@ class TritonBackend:
             self.compiled += 1
         return hit
 
+    def _fall_back(self, prog: TritonProgram, failed: dict[int, str]) -> None:
+        """Kernels Triton could not compile run through torch (correct, slower), with a warning."""
+        for st in prog.steps:
+            if st.kind == "triton" and id(st.node) in failed:
+                msg = failed[id(st.node)]
+                warnings.warn(f"novaforge: Triton failed to compile {msg[:500]}; this kernel runs through torch",
+                              stacklevel=4)
+                self.reasons[f"compile failed: {st.title}"] = msg
+                st.kind, st.launch, st.node, st.source = "torch", None, None, None
+
     # -- build --------------------------------------------------------------------------------
     def build(self, graph: Graph, options: dict[str, Any]) -> TritonProgram:
         device = _graph_device(graph)
@@ -182,12 +194,13 @@ class TritonBackend:
             library = k.kind == "matmul" and options.get("matmul_executor", "triton") == "torch"
             if self.info(k) is not None and not library and all(v.type.numel > 0 for v in n.outputs):
                 src, fn = self.kernel_for(k, target, options, interpret)
-                prog.kernels.append(src)
                 warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
                 uses_tma |= src.uses_tma
                 if dump is not None:
                     loader.dump_source(dump, k.name, src.source)
-                prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret)))
+                pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
+                prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret), body=k.body,
+                                   preallocated=pre, node=fn, source=src))
             elif all(v.type.numel == 0 for v in n.outputs):
                 continue  # nothing to write: empty outputs are allocated and stay empty
             else:
@@ -196,7 +209,9 @@ class TritonBackend:
         if uses_tma:
             _install_tma_allocator(device)
         if not interpret and options.get("parallel_compile", True):
-            _precompile(warm, options)
+            failed = _precompile(warm, options)
+            if failed:
+                self._fall_back(prog, failed)
         if dump is not None:
             (dump / "program.txt").write_text(prog.describe() + "\n")
         return prog
@@ -231,20 +246,32 @@ def _launcher(fn: Any, src: KernelSource, interpret: bool):
     return lambda *args: launch(*args, UPCAST=False, **opts)
 
 
-def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]], options: dict[str, Any]) -> None:
+def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
+                options: dict[str, Any]) -> dict[int, str]:
     """Compile every new kernel of the program now, in parallel threads (Triton's compiler
     releases the GIL in its passes and runs ptxas as a subprocess); the first call then only
-    launches. Falls back to compiling lazily at the first launch if this Triton lacks the hook."""
+    launches. Returns {id(fn): error} for kernels that failed to compile. If this Triton lacks the
+    hook (or it misbehaves), kernels compile lazily at their first launch instead."""
+    failed: dict[int, str] = {}
     try:
         from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime._async_compile import AsyncCompileMode
-    except ImportError:  # pragma: no cover - older Triton
-        return
-    workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, AsyncCompileMode(pool):
-        for fn, src, dtypes in kernels.values():
-            fn.warmup(*dtypes, grid=src.grid, UPCAST=False, num_warps=src.num_warps, num_stages=src.num_stages)
+
+        workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
+        futures = {}
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for key, (fn, src, dtypes) in kernels.items():
+                futures[key] = (fn.warmup(*dtypes, grid=src.grid, UPCAST=False, num_warps=src.num_warps,
+                                          num_stages=src.num_stages), src)
+        for key, (fut, src) in futures.items():
+            inner = getattr(fut, "future", None)
+            if getattr(fut, "kernel", True) is None and inner is not None and inner.exception() is not None:
+                failed[key] = f"{src.title}: {type(inner.exception()).__name__}: {inner.exception()}"
+    except Exception as e:  # the private hook changed: compile at first launch
+        warnings.warn(f"novaforge: parallel Triton compile unavailable ({type(e).__name__}: {e})", stacklevel=3)
+        return {}
+    return failed
 
 
 _allocator_installed = False

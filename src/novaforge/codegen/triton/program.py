@@ -35,8 +35,9 @@ class Step:
     contiguous: list[bool] = field(default_factory=list)  # per arg: make it contiguous first (views)
     launch: Callable[..., Any] | None = None  # triton: fn[grid] with launch options bound
     body: Graph | None = None  # torch: the kernel body run by the interpreter
-    node: Any = None  # view: the IR node
+    node: Any = None  # view: the IR node; triton: the JIT function
     preallocated: list[bool] = field(default_factory=list)  # torch: does the out slot hold a buffer to fill
+    source: Any = None  # triton: the KernelSource
 
 
 class TritonProgram:
@@ -53,7 +54,6 @@ class TritonProgram:
         self.fresh: list[tuple[int, tuple[int, ...], torch.dtype]] = []
         self.view_slots: set[int] = set()
         self.arena: torch.Tensor | None = None
-        self.kernels: list[Any] = []  # KernelSource of each generated launch (inspection)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_runner: _CudaGraphRunner | None = None
         self.calls = 0
@@ -97,6 +97,11 @@ class TritonProgram:
                     self.template[s] = buf.view(o.type.shape)
                 else:
                     self.fresh.append((s, o.type.shape, o.type.dtype))
+
+    @property
+    def kernels(self) -> list[Any]:
+        """The KernelSource of each generated launch, in order (for inspection and tests)."""
+        return [st.source for st in self.steps if st.kind == "triton"]
 
     def add_step(self, step: Step) -> None:
         step.contiguous = [a in self.view_slots for a in step.args]
@@ -142,10 +147,9 @@ class TritonProgram:
         lines = [f"# triton program on {self.device}: {len(self.steps)} steps, arena "
                  f"{(self.arena.numel() if self.arena is not None else 0) / 2**20:.2f} MiB, "
                  f"cuda graphs {'on' if self.use_graphs else 'off'}"]
-        ks = iter(self.kernels)
         for st in self.steps:
             if st.kind == "triton":
-                k = next(ks)
+                k = st.source
                 lines.append(f"{st.title:32s} triton {k.kind:10s} grid={k.grid} warps={k.num_warps} "
                              f"stages={k.num_stages} {k.schedule.key()}")
             else:
