@@ -159,8 +159,8 @@ def _gelu(ctx, x, approximate="none"):
 
 @rule(aten.isnan.default, aten.isinf.default, aten.isfinite.default)
 def _isx(ctx, x):
-    name = ctx.target._overloadpacket.__name__
-    return ctx.emit(name, [ctx.val(x)])
+    op = {aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.isfinite.default: "isfinite"}[ctx.target]
+    return ctx.emit(op, [ctx.val(x)])
 
 
 def as_bool(ctx: LowerCtx, a: Any):
@@ -252,7 +252,6 @@ def composite(fn):
 
     lower.__name__ = fn.__name__
     lower.__doc__ = fn.__doc__
-    lower.__wrapped__ = fn
     return lower
 
 
@@ -303,9 +302,7 @@ def _mish(ctx, v):
     return ctx.emit("mul", [v, ctx.emit("tanh", [softplus(ctx, v)])])
 
 
-@rule(aten.elu.default)
-@composite
-def _elu(ctx, v, alpha=1, scale=1, input_scale=1):
+def elu(ctx: LowerCtx, v, alpha=1, scale=1, input_scale=1):
     """x * scale where x > 0, else expm1(x * input_scale) * alpha * scale (ATen's coefficients)."""
     neg = ctx.emit("mul", [ctx.emit("expm1", [ctx.emit("mul", [v, _s(ctx, input_scale, v)])]),
                            _s(ctx, float(alpha) * float(scale), v)])
@@ -313,11 +310,17 @@ def _elu(ctx, v, alpha=1, scale=1, input_scale=1):
     return ctx.emit("where", [ctx.emit("gt", [v, _s(ctx, 0, v)]), pos, neg])
 
 
+@rule(aten.elu.default)
+@composite
+def _elu(ctx, v, alpha=1, scale=1, input_scale=1):
+    return elu(ctx, v, alpha, scale, input_scale)
+
+
 @rule(aten.celu.default)
 @composite
 def _celu(ctx, v, alpha=1.0):
     """elu with input_scale 1 / alpha, as ATen defines it."""
-    return _elu.__wrapped__(ctx, v, alpha, 1, 1.0 / float(alpha))
+    return elu(ctx, v, alpha, 1, 1.0 / float(alpha))
 
 
 @rule(aten.glu.default)
