@@ -42,6 +42,7 @@ class Facts:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._const: dict[Value, torch.Tensor | None] = {}
+        self.memo: dict[tuple, Any] = {}  # per-value analysis results (masks are shared by layers)
 
     def producer(self, v: Any, *ops: str) -> Node | None:
         """The node defining `v` if its op is one of `ops` (any op when none are given)."""
@@ -369,10 +370,13 @@ def abs_bound(facts: Facts, v: Value, depth: int = 0) -> float | None:
     """An upper bound on |v| that holds for every input (interval arithmetic over integers,
     constants, views, casts, where, add/sub/mul, neg), or None when there is none: a float
     value whose bound exceeds its dtype's largest finite number could overflow to inf."""
-    b = _abs_bound(facts, v, depth)
-    if b is not None and v.type.dtype.is_floating_point and b > torch.finfo(v.type.dtype).max:
-        return None
-    return b
+    key = ("abs_bound", v)
+    if key not in facts.memo:
+        b = _abs_bound(facts, v, depth)
+        if b is not None and v.type.dtype.is_floating_point and b > torch.finfo(v.type.dtype).max:
+            b = None
+        facts.memo[key] = b
+    return facts.memo[key]
 
 
 def _abs_bound(facts: Facts, v: Value, depth: int) -> float | None:
@@ -471,8 +475,7 @@ def keep_pattern(t: torch.Tensor) -> torch.Tensor | None:
     if t.dtype == torch.bool:
         return t
     keep = t == 0
-    rest = t[~keep]
-    if rest.numel() and not bool(((rest == float("-inf")) | (rest <= torch.finfo(t.dtype).min / 2)).all()):
+    if not bool((keep | (t <= torch.finfo(t.dtype).min / 2)).all()):  # -inf included
         return None
     return keep
 

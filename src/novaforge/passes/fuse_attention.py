@@ -158,9 +158,12 @@ def canonical_mask(facts: Facts, mask: Expr | None, q_len: int, k_len: int) -> t
             break
         mask = keep[0]
         notes.append("mask_narrowed")
-    t = eval_expr(facts, mask)
-    if t is not None:
-        kind = classify_const_mask(t, q_len, k_len)
+    key = ("mask_kind", mask, q_len, k_len)
+    if key not in facts.memo:
+        t = eval_expr(facts, mask)
+        facts.memo[key] = None if t is None else classify_const_mask(t, q_len, k_len)
+    kind = facts.memo[key]
+    if kind is not None:
         if kind == "keep_all":
             return None, False, ["mask_dropped"]
         if kind == "causal":
