@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from nf_testing import captured_graph, check_pass
 from novaforge.ir import Graph, GraphInput, TensorType, Value, make_node
 from novaforge.passes.context import PassContext
 from novaforge.passes.cse import cse
@@ -12,8 +13,6 @@ from novaforge.passes.dce import dce
 from novaforge.passes.fold_constants import fold_constants
 from novaforge.passes.layout import layout
 from novaforge.passes.simplify import simplify
-
-from nf_testing import captured_graph, check_pass
 
 
 def f32(*s):
@@ -93,7 +92,7 @@ def test_simplify_rules():
     def fn(x, y):
         a = (x + 0.0) * 1.0 / 1.0
         b = torch.pow(a, 2) + torch.pow(y, 0.5) + torch.pow(a, -1.0) + torch.pow(a, 1)
-        c = -(-b)
+        c = torch.neg(torch.neg(b))
         d = c / 4.0
         return torch.where(x > 0, d, d) + x.float().double().float()
 

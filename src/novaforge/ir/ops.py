@@ -340,7 +340,7 @@ def _slice_len(n: int, start: int, stop: int, step: int) -> int:
 def _slice_infer(ts, a):
     (t,) = ts
     ax, start, stop, step = a["axis"], a["start"], a["stop"], a["step"]
-    if not (0 <= ax < t.rank and 0 <= start and step >= 1 and start <= max(stop, start)):
+    if not (0 <= ax < t.rank and start >= 0 and step >= 1 and start <= max(stop, start)):
         raise ValueError(f"slice: bad attributes {a!r} for {t}")
     shape = list(t.shape)
     shape[ax] = _slice_len(t.shape[ax], start, stop, step)

@@ -263,8 +263,8 @@ class _Grouper:
             return all(_broadcasts_to(v.type.shape, shape) for v in n.inputs)
         if _numel(shape) != _numel(b.space) or not all(b.reshaped.get(u.outputs[0]) == shape for u in users):
             return False
-        return all(_broadcasts_to(v.type.shape, shape) and (v.type.rank == 0 or _reviewable(v.type.shape, shape, b.space))
-                   for v in n.inputs)
+        return all(_broadcasts_to(v.type.shape, shape)
+                   and (v.type.rank == 0 or _reviewable(v.type.shape, shape, b.space)) for v in n.inputs)
 
     def place_reduction(self, n: Node) -> None:
         x = n.inputs[0]

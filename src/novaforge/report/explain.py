@@ -107,7 +107,8 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
     lines.append(plan.summary() if plan is not None else "none")
     lines.append("")
     lines.append("-- metrics --")
-    lines.append(f"fusion gain ratio {m['fusion_gain_ratio']:.2f} = {m['aten_ops']} ATen ops / {m['launches']} launches "
+    lines.append(f"fusion gain ratio {m['fusion_gain_ratio']:.2f} = {m['aten_ops']} ATen ops / "
+                 f"{m['launches']} launches "
                  f"({', '.join(f'{k} {v}' for k, v in m['kernels_by_kind'].items())}); "
                  f"device transitions {m['transitions']}")
     return "\n".join(lines)
