@@ -46,7 +46,7 @@ def _proc(case, runner, index, times, **row):
     r = {"case": case, "times_ms": times, "setup_s": row.pop("setup_s", 1.0), "memory": {"peak_mb": 100.0 + index,
                                                                                         "kind": "peak RSS"}}
     r.update(row)
-    return {"status": "ok", "case": case, "runner": runner, "process": index, "rows": [r]}
+    return {"status": "ok", "case": case, "runner": runner, "process": index, "rows": [r], "spec": {"runs": len(times)}}
 
 
 def test_aggregate_medians_ratios_losses_and_setups():
@@ -64,6 +64,7 @@ def test_aggregate_medians_ratios_losses_and_setups():
     ]
     rows = {r["runner"]: r for r in aggregate(procs, [(case, ["eager", "novaforge", "torch-compile"])])}
     eager, nf, tc = rows["eager"], rows["novaforge"], rows["torch-compile"]
+    assert eager["planned_calls"] == 6
     assert eager["median_ms"] == 12.5 and eager["proc_medians_ms"] == [11.0, 14.0] and eager["calls"] == 6
     assert (eager["min_ms"], eager["max_ms"]) == (10.0, 15.0)
     assert nf["median_ms"] == 21.5 and nf["speedup_vs_eager"] == pytest.approx(12.5 / 21.5)

@@ -19,6 +19,7 @@ failed: the table says so) and 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = run(opts)
     print(render(payload))
     if not args.no_json:
-        path = args.json or res.default_results_path(workloads, args.device, res.now_utc())
+        started = datetime.datetime.fromisoformat(payload["date"])
+        path = args.json or res.default_results_path(workloads, args.device, started)
         res.write(path, payload)
         print(f"\nresults: {path}")
     return 0

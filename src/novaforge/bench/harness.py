@@ -262,7 +262,8 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
     first = got[0][1]
     s: dict[str, Any] = {
         **_case_fields(case), "case": row_case, "runner": runner, "status": "ok", "processes": len(got),
-        "calls": len(times), "median_ms": median(times), "min_ms": min(times), "max_ms": max(times),
+        "calls": len(times), "planned_calls": sum(p["spec"]["runs"] for p, _ in got),
+        "median_ms": median(times), "min_ms": min(times), "max_ms": max(times),
         "proc_medians_ms": [median(r["times_ms"]) for _, r in got],
         "capped": any(r.get("capped") for _, r in got),
         "setup_s": [r["setup_s"] for _, r in got],

@@ -50,7 +50,7 @@ def _note(r: dict[str, Any]) -> str:
         return f"{r['status']}: {r.get('reason', '')}".replace("|", "/")
     notes = []
     if r.get("capped"):
-        notes.append(f"time budget: {r['calls']} calls")
+        notes.append(f"time budget: {r['calls']} of {r.get('planned_calls', '?')} calls")
     if r.get("failed_processes"):
         notes.append(f"{r['failed_processes']} process(es) failed: {r.get('reason', '')}")
     if r.get("energy_j_per_call") is not None:
