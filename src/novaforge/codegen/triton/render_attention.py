@@ -90,54 +90,87 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     L(f"offs_n0 = tl.arange(0, {bn})")
     L(f"offs_d = tl.arange(0, {bd})")
     L(f"offs_dv = tl.arange(0, {bdv})")
-    qm = f"(offs_m[:, None] < {length}) & (offs_d[None, :] < {e})"
+    def both(a: str | None, b: str | None) -> str | None:
+        return f"{a} & {b}" if a and b else (a or b)
+
+    row_in = None if length % bm == 0 else f"(offs_m[:, None] < {length})"
+    d_in = None if e == bd else f"(offs_d[None, :] < {e})"
+    dt_in = None if e == bd else f"(offs_d[:, None] < {e})"
+    dv_in = None if ev == bdv else f"(offs_dv[None, :] < {ev})"
+    qm = both(row_in, d_in)
     L(f"q = tl.load({ins[lq.source]} + {base(lq, qs, 'h')} + offs_m[:, None] * {qs[nb + 1]} + "
-      f"offs_d[None, :] * {qs[nb + 2]}, mask={qm}, other=0.0)")
+      f"offs_d[None, :] * {qs[nb + 2]}" + (f", mask={qm}, other=0.0)" if qm else ")"))
     L("if UPCAST:")
     L("    q = q.to(tl.float32)")
     L(f"m_i = tl.zeros([{bm}], tl.float32) + _NEG_INF")
     L(f"l_i = tl.zeros([{bm}], tl.float32)")
     L(f"acc = tl.zeros([{bm}, {bdv}], tl.float32)")
     prec = f", input_precision=\"{sched.input_precision}\"" if q.type.dtype == torch.float32 else ""
-    hi = f"tl.minimum((pid_m + 1) * {bm}, {s})" if causal else str(s)
-    L(f"hi = {hi}")
     k_base, v_base = base(lk, ks, "hk"), base(lv, vs, "hk")
-    with em.block(f"for start_n in range(0, hi, {bn}):"):
-        L("offs_n = start_n + offs_n0")
-        L(f"kt = tl.load({ins[lk.source]} + {k_base} + offs_n[None, :] * {ks[nb + 1]} + "
-          f"offs_d[:, None] * {ks[nb + 2]}, mask=(offs_n[None, :] < {s}) & (offs_d[:, None] < {e}), other=0.0)")
-        L("if UPCAST:")
-        L("    kt = kt.to(tl.float32)")
-        L(f"qk = tl.dot(q, kt{prec}) * {scale * LOG2E!r}")
-        L(f"keep = offs_n[None, :] < {s}")
-        if causal:
-            L("keep = keep & (offs_n[None, :] <= offs_m[:, None])")
-        if mask is not None:
-            lm = info.leaves[mask]
-            if lm.source is None:
-                raise Unsupported("attention mask is not a kernel input")
-            ms = _aligned_strides(lm.layout, batch_shape + (hq, length, s))
-            m_ptr = (f"{ins[lm.source]} + {base(lm, ms, 'h')} + offs_m[:, None] * {ms[nb + 1]} + "
-                     f"offs_n[None, :] * {ms[nb + 2]}")
-            m_in = f"(offs_m[:, None] < {length}) & (offs_n[None, :] < {s})"
-            if mask.type.dtype == torch.bool:
-                L(f"mk = tl.load({m_ptr}, mask={m_in}, other=0)")
-                L("keep = keep & (mk != 0)")
-            else:
-                L(f"qk = qk + tl.load({m_ptr}, mask={m_in}, other=0.0).to(tl.float32) * {LOG2E!r}")
-        L("qk = tl.where(keep, qk, _NEG_INF)")
-        L("m_new = tl.maximum(m_i, tl.max(qk, 1))")
-        L("m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)")
-        L("p = tl.exp2(qk - m_safe[:, None])")
-        L("alpha = tl.exp2(m_i - m_safe)")
-        L("l_i = l_i * alpha + tl.sum(p, 1)")
-        L(f"vt = tl.load({ins[lv.source]} + {v_base} + offs_n[:, None] * {vs[nb + 1]} + "
-          f"offs_dv[None, :] * {vs[nb + 2]}, mask=(offs_n[:, None] < {s}) & (offs_dv[None, :] < {ev}), other=0.0)")
-        L("if UPCAST:")
-        L("    vt = vt.to(tl.float32)")
-        L("acc = acc * alpha[:, None]")
-        L(f"acc = tl.dot(p.to(vt.dtype), vt, acc{prec})")
-        L("m_i = m_new")
+    mask_leaf = None
+    if mask is not None:
+        mask_leaf = info.leaves[mask]
+        if mask_leaf.source is None:
+            raise Unsupported("attention mask is not a kernel input")
+
+    def key_blocks(lo: str, hi: str, bounded: bool, diagonal: bool) -> None:
+        """One loop over key blocks [lo, hi); `bounded`: the last block may pass S; `diagonal`:
+        apply the causal triangle (only blocks that cross it need it)."""
+        n_in = f"(offs_n[None, :] < {s})" if bounded else None
+        nt_in = f"(offs_n[:, None] < {s})" if bounded else None
+        with em.block(f"for start_n in range({lo}, {hi}, {bn}):"):
+            L("offs_n = start_n + offs_n0")
+            km = both(n_in, dt_in)
+            L(f"kt = tl.load({ins[lk.source]} + {k_base} + offs_n[None, :] * {ks[nb + 1]} + "
+              f"offs_d[:, None] * {ks[nb + 2]}" + (f", mask={km}, other=0.0)" if km else ")"))
+            L("if UPCAST:")
+            L("    kt = kt.to(tl.float32)")
+            L(f"qk = tl.dot(q, kt{prec}) * {scale * LOG2E!r}")
+            keep = [n_in] if n_in else []
+            if diagonal:
+                keep.append("(offs_n[None, :] <= offs_m[:, None])")
+            if mask_leaf is not None:
+                ms = _aligned_strides(mask_leaf.layout, batch_shape + (hq, length, s))
+                m_ptr = (f"{ins[mask_leaf.source]} + {base(mask_leaf, ms, 'h')} + offs_m[:, None] * {ms[nb + 1]} + "
+                         f"offs_n[None, :] * {ms[nb + 2]}")
+                m_in = both(row_in, n_in)
+                m_arg = f", mask={m_in}, other=0" if m_in else ""
+                if mask.type.dtype == torch.bool:
+                    L(f"mk = tl.load({m_ptr}{m_arg})")
+                    keep.append("(mk != 0)")
+                else:
+                    L(f"qk = qk + tl.load({m_ptr}{m_arg}).to(tl.float32) * {LOG2E!r}")
+            if keep:
+                L(f"qk = tl.where({' & '.join(keep)}, qk, _NEG_INF)")
+            L("m_new = tl.maximum(m_i, tl.max(qk, 1))")
+            L("m_safe = tl.where(m_new == _NEG_INF, 0.0, m_new)")
+            L("p = tl.exp2(qk - m_safe[:, None])")
+            L("alpha = tl.exp2(m_i - m_safe)")
+            L("l_i = l_i * alpha + tl.sum(p, 1)")
+            vm = both(nt_in, dv_in)
+            L(f"vt = tl.load({ins[lv.source]} + {v_base} + offs_n[:, None] * {vs[nb + 1]} + "
+              f"offs_dv[None, :] * {vs[nb + 2]}" + (f", mask={vm}, other=0.0)" if vm else ")"))
+            L("if UPCAST:")
+            L("    vt = vt.to(tl.float32)")
+            L("acc = acc * alpha[:, None]")
+            L(f"acc = tl.dot(p.to(vt.dtype), vt, acc{prec})")
+            L("m_i = m_new")
+
+    s_full = s // bn * bn  # key blocks that lie entirely inside S
+    if causal and bm % bn == 0:
+        # blocks left of the query tile's first row need no triangle; the rest cross it
+        L(f"split = tl.minimum(pid_m * {bm}, {s_full})")
+        key_blocks("0", "split", False, False)
+        L(f"hi = tl.minimum((pid_m + 1) * {bm}, {s})")
+        key_blocks("split", "hi", s % bn != 0, True)
+    elif causal:
+        L(f"hi = tl.minimum((pid_m + 1) * {bm}, {s})")
+        key_blocks("0", "hi", s % bn != 0, True)
+    elif mask_leaf is None and s % bn:
+        key_blocks("0", str(s_full), False, False)
+        key_blocks(str(s_full), str(s), True, False)
+    else:
+        key_blocks("0", str(s), s % bn != 0, False)
     L("o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]")
     L("om2 = offs_m[:, None]")
     L("od2 = offs_dv[None, :]")
