@@ -210,8 +210,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def _missing_module(e: BaseException, runner: str) -> str | None:
     name = getattr(e, "name", None) or ""
     top = name.split(".")[0]
-    if isinstance(e, ModuleNotFoundError) and top and top in RUNNERS[runner].requires:
-        return f"package '{top}' is not installed (pip install -e .[bench])"
+    spec = RUNNERS.get(runner)
+    if isinstance(e, ModuleNotFoundError) and top and spec is not None and top in spec.requires:
+        return f"package '{top}' is not installed ({spec.install})"
     return None
 
 

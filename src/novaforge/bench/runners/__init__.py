@@ -28,6 +28,7 @@ class RunnerSpec:
     dtypes: frozenset[str]  # float32 / bfloat16
     in_all_devices: frozenset[str]  # devices on which `--runner all` includes it
     description: str
+    install: str = "pip install -e .[bench]"
 
     def not_applicable(self, kind: str, device: str, dtype: str) -> str | None:
         if kind not in self.kinds:
@@ -41,7 +42,7 @@ class RunnerSpec:
     def missing_package(self) -> str | None:
         for mod in self.requires:
             if importlib.util.find_spec(mod) is None:
-                return f"package '{mod}' is not installed (pip install -e .[bench])"
+                return f"package '{mod}' is not installed ({self.install})"
         return None
 
 
@@ -70,7 +71,7 @@ RUNNERS: dict[str, RunnerSpec] = {s.name: s for s in [
                "ov.convert_model(dynamo=True) + OpenVINO CPU, LATENCY, precision hint = --dtype"),
     RunnerSpec("jax", "jax_runner", "JaxRunner", ("jax",),
                frozenset({"training"}), _ALL, _BOTH_DT, frozenset({"cuda"}),
-               "the same GPT written in JAX, jit-compiled by XLA, AdamW written out"),
+               "the same GPT written in JAX, jit-compiled by XLA, AdamW written out", install="pip install jax"),
 ]}
 
 # the runner every other one is compared against, per workload kind
