@@ -166,7 +166,7 @@ def resolve_backend(backend: str, graph: Graph) -> str:
     devices = {gi.value.type.device for gi in graph.inputs}
     if any(d.startswith("cuda") for d in devices):
         return "triton"
-    return "interpret"
+    return "cpu"
 
 
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,

@@ -1,8 +1,10 @@
 """The compiled-library cache: structural key -> shared library, in memory and on disk.
 
-Layout: `<root>/<kind>/<key[:2]>/<key>/` holds `lib.so`, the generated sources (`src/`) and
-`meta.json` (key, novaforge version, size and sha256 of `lib.so`), where root is
-`$NOVAFORGE_CACHE_DIR` or `~/.cache/novaforge`, created user-only (0o700).
+Layout: `<root>/<kind>/<key[:2]>/<key>/` holds the library `lib-<sha256[:16]>.so`, the
+generated sources (`src/`) and `meta.json` (key, novaforge version, library file name, size and
+sha256), where root is `$NOVAFORGE_CACHE_DIR` or `~/.cache/novaforge`, created user-only (0o700).
+The library's name carries its content hash because the dynamic loader caches libraries by path:
+a rebuilt entry must not be answered with the stale handle of the file it replaced.
 
 * Keys are sha256 digests of (novaforge version, the kernels' structural keys and schedules,
   backend hash, target, compiler and flags): `cache_key(...)`. Never `str(ir)`, never pickles.
@@ -55,7 +57,15 @@ def default_root() -> Path:
 
 
 def _makedirs(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create path and missing parents, each user-only (mkdir's `parents` would ignore the mode)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
 
 
 def _sha256(path: Path) -> str:
@@ -120,11 +130,16 @@ class LibraryCache:
 
     def _load_entry(self, key: str, verify: Callable[[ctypes.CDLL], bool]) -> ctypes.CDLL | None:
         d = self.entry_dir(key)
-        meta_path, lib_path = d / "meta.json", d / "lib.so"
+        meta_path = d / "meta.json"
         try:
             meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            name = str(meta["lib"])
+        except (OSError, ValueError, KeyError, TypeError):
             return None
+        if "/" in name or not name.startswith("lib-") or not name.endswith(".so"):
+            self._discard(d)
+            return None
+        lib_path = d / name
         try:
             if (meta.get("key") != key or meta.get("version") != _version()
                     or lib_path.stat().st_size != meta.get("size") or _sha256(lib_path) != meta.get("sha256")):
@@ -183,13 +198,18 @@ class LibraryCache:
         _makedirs(d / "src")
         for s in sources:
             os.replace(s, d / "src" / s.name)
-        os.replace(lib_tmp, d / "lib.so")
-        meta = {"key": key, "version": _version(), "size": (d / "lib.so").stat().st_size,
-                "sha256": _sha256(d / "lib.so")}
+        digest = _sha256(lib_tmp)
+        name = f"lib-{digest[:16]}.so"
+        os.replace(lib_tmp, d / name)
+        meta = {"key": key, "version": _version(), "lib": name, "size": (d / name).stat().st_size, "sha256": digest}
         _atomic_write(d / "meta.json", json.dumps(meta, indent=1))
+        for old in d.glob("lib-*.so"):  # superseded builds (another process may still map them: unlink is safe)
+            if old.name != name:
+                with contextlib.suppress(OSError):
+                    old.unlink()
         shutil.rmtree(work, ignore_errors=True)
         self.stats.builds += 1
-        lib = ctypes.CDLL(str(d / "lib.so"))
+        lib = ctypes.CDLL(str(d / name))
         if not verify(lib):
             raise RuntimeError(f"freshly built library {d / 'lib.so'} failed verification")
         return lib

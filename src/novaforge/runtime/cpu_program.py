@@ -84,14 +84,23 @@ class CpuProgram:
         self.outputs = outputs
         self.n_inputs = n_inputs
         self.info = dict(info or {})
-        self.arena = torch.empty(max(arena_bytes, 64), dtype=torch.uint8)
+        self._arena_bytes = max(arena_bytes, 64)
+        self.arena = torch.empty(0, dtype=torch.uint8)
         self._ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self._env: list[torch.Tensor | None] = [None] * len(slots)
         self._lock = threading.Lock()
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
         self._fresh: list[tuple[int, TensorType]] = []
+        self._runners: list[Callable[[], None]] = []
+        self._ready = False
+        self.calls = 0
+
+    def _materialize(self) -> None:
+        """Allocate the arena and bind fixed slots (at the first call: a build may run under a
+        fake-tensor mode, e.g. inside torch.compile, where no real memory can be allocated)."""
+        self.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
         base = self.arena.data_ptr()
-        for s, spec in enumerate(slots):
+        for s, spec in enumerate(self.slots):
             if spec.kind == "const":
                 t = spec.tensor
                 assert t is not None
@@ -109,8 +118,8 @@ class CpuProgram:
                 self._inputs.append((s, spec.index, spec.type))
             elif spec.kind == "fresh":
                 self._fresh.append((s, spec.type))
-        self._runners: list[Callable[[], None]] = [self._make_runner(st) for st in steps]
-        self.calls = 0
+        self._runners = [self._make_runner(st) for st in self.steps]
+        self._ready = True
 
     # ------------------------------------------------------------------------ steps
     def _make_runner(self, st: StepSpec) -> Callable[[], None]:
@@ -130,7 +139,7 @@ class CpuProgram:
 
             return run_seg
         fixed = all(self.slots[s].kind in ("const", "arena", "scratch") for s, _ in st.operands)
-        out, out_shape = st.out, tuple(st.attrs["out_shape"])
+        out, out_shape = st.out, tuple(st.attrs.get("out_shape", ()))
         if st.kind == "matmul":
             (sa, la), (sb, lb) = st.operands
             if fixed and self.slots[out].kind in ("arena", "scratch"):
@@ -171,8 +180,10 @@ class CpuProgram:
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != self.n_inputs:
             raise TypeError(f"compiled program takes {self.n_inputs} inputs, got {len(inputs)}")
-        env, ptrs = self._env, self._ptrs
         with self._lock:
+            if not self._ready:
+                self._materialize()
+            env, ptrs = self._env, self._ptrs
             for s, i, ty in self._inputs:
                 t = inputs[i]
                 if not t.is_contiguous():

@@ -117,6 +117,8 @@ def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:
     b = args[1] if len(args) > 1 else ""
     if op in BINARY_SYM:
         if dt == torch.bool:
+            if op in ("add", "mul"):  # torch: logical or / and
+                return f"(bool)({a} {'|' if op == 'add' else '&'} {b})"
             raise Unsupported(f"{op} of bools")
         if op == "div" and not isf:
             raise Unsupported("integer div")
@@ -144,6 +146,8 @@ def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:
     if op == "relu":
         return f"nf_relu({a})" if isf else f"({a} > 0 ? {a} : 0)"
     if op in ("maximum", "minimum"):
+        if dt == torch.bool:
+            return f"(bool)({a} {'|' if op == 'maximum' else '&'} {b})"
         if isf:
             return f"nf_{op}({a}, {b})"
         return f"({a} {'>' if op == 'maximum' else '<'} {b} ? {a} : {b})"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ir import OPS, Graph, GraphInput, Kernel, Node
+from ...ir import OPS, Graph, GraphInput, Kernel, Node, make_node
 from ...ir.ops import node_flops
 from ...ir.types import TensorType
 from ...ir.views import Strided
@@ -37,7 +37,7 @@ from .loops import (
     render_pointwise,
     render_reduction,
 )
-from .singles import plan_cat, plan_take
+from .singles import plan_cat, plan_gather, plan_take
 
 
 @dataclass
@@ -165,6 +165,23 @@ def _plan_anchor(kernel: Kernel, target: CpuTarget) -> KernelPlan:
     return plan
 
 
+def _plan_full_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    """A reduction without keepdim (a `single` kernel): reduce with keepdim, then a store view."""
+    body = kernel.body
+    red = [n for n in body.nodes if not OPS[n.op].has("view") and not OPS[n.op].has("generator")]
+    if len(red) != 1 or body.outputs[0] is not red[0].outputs[0] or len(body.outputs) != 1:
+        raise Unsupported("reduction kernel with extra nodes")
+    n = red[0]
+    x = n.inputs[0]
+    if x.type.rank == 0:
+        raise Unsupported("reduction of a 0-d tensor")
+    keep = make_node(n.op, [x], {"axes": n.attrs["axes"], "keepdim": True})
+    out = make_node("reshape", [keep.outputs[0]], {"shape": n.outputs[0].type.shape})
+    nodes = [m for m in body.nodes if m is not n] + [keep, out]
+    new_body = Graph(body.inputs, nodes, [out.outputs[0]])
+    return plan_loops(kernel.structural_key + "|keepdim", new_body, "reduction", target)
+
+
 def plan_kernel(kernel: Kernel, target: CpuTarget) -> KernelPlan:
     try:
         if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
@@ -179,6 +196,10 @@ def plan_kernel(kernel: Kernel, target: CpuTarget) -> KernelPlan:
                 return KernelPlan("gen", gen=plan_take(kernel, target))
             if op == "cat":
                 return KernelPlan("gen", gen=plan_cat(kernel, target))
+            if op == "gather":
+                return KernelPlan("gen", gen=plan_gather(kernel, target))
+            if op in ("sum", "max", "min", "prod"):
+                return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
         raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
     except Unsupported as e:
         return KernelPlan("torch", reason=str(e))

@@ -42,11 +42,8 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
     outer_dims = coalesce(list(range(ax)), xs, [xst])
     inner_dims = coalesce(list(range(ax + 1, len(xs))), xs, [xst])
     idx_dims = coalesce(list(range(len(idx.layout.shape))), idx.layout.shape, [idx.layout.strides])
-    if len(outer_dims) > 1 or len(inner_dims) > 1 or len(idx_dims) > 1:
-        raise Unsupported("take from a non-coalescable strided view")
-    outer, o_st = (outer_dims[0][0], outer_dims[0][1][0]) if outer_dims else (1, 0)
-    inner, i_st = (inner_dims[0][0], inner_dims[0][1][0]) if inner_dims else (1, 1)
-    nidx, ix_st = (idx_dims[0][0], idx_dims[0][1][0]) if idx_dims else (1, 0)
+    outer = math.prod(n for n, _ in outer_dims)
+    inner = math.prod(n for n, _ in inner_dims)
     nidx = math.prod(idx.layout.shape)
     n_args = len(body.inputs) + 1
     itemsize = TensorType((), x.dtype).itemsize
@@ -57,6 +54,16 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
     st = storage_type(x.dtype)
     it = storage_type(idx.dtype)
     out_p = f"p{len(body.inputs)}"
+
+    def offset_expr(code: Code, var: str, dims, base: int, name: str) -> None:
+        """name = base + the strided offset of flat index `var` over dims (outer to inner)."""
+        code(f"int64_t {name} = {base};")
+        if dims:
+            code.open("")
+            code(f"int64_t r_ = {var};")
+            for n, (st0,) in reversed(dims):
+                code(f"{name} += (r_ % {n}) * {st0}; r_ /= {n};")
+            code.close()
 
     def render() -> str:
         code = Code()
@@ -74,18 +81,25 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
             code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
         code.open(f"for (int64_t t = 0; t < {total}; t++)")
         code(f"const int64_t o = t / {nidx}, j = t % {nidx};")
-        code(f"const int64_t k = (int64_t)ix[{idx.layout.offset} + j * {ix_st}];")
+        offset_expr(code, "j", [(n, tuple(sts)) for n, sts in idx_dims], idx.layout.offset, "io")
+        code("const int64_t k = (int64_t)ix[io];")
         code.open(f"if (k < 0 || k >= {xa})")
         code("err = 1;")
         code("continue;")
         code.close()
-        code(f"const {st}* src = x + {x.layout.offset} + o * {o_st} + k * {xst[ax]};")
+        offset_expr(code, "o", [(n, tuple(sts)) for n, sts in outer_dims], x.layout.offset, "xo")
+        code(f"const {st}* src = x + xo + k * {xst[ax]};")
         code(f"{st}* dst = out + t * {inner};")
-        if i_st == 1:
+        if not inner_dims or (len(inner_dims) == 1 and inner_dims[0][1][0] == 1):
             code(f"std::memcpy(dst, src, {inner * itemsize});")
         else:
-            code("#pragma omp simd")
-            code(f"for (int64_t e = 0; e < {inner}; e++) dst[e] = src[e * {i_st}];")
+            code("int64_t e = 0;")
+            for d, (n, _) in enumerate(inner_dims):
+                code.open(f"for (int64_t e{d} = 0; e{d} < {n}; e{d}++)")
+            terms = " + ".join(f"e{d} * {sts[0]}" for d, (_, sts) in enumerate(inner_dims))
+            code(f"dst[e++] = src[{terms}];")
+            for _ in inner_dims:
+                code.close()
         code.close()
         code("return err;")
         code.close()
@@ -139,3 +153,53 @@ def plan_cat(kernel: Kernel, target: CpuTarget) -> GenKernel:
         return "".join(chunks) + calls.text()
 
     return GenKernel(name, n_args, render, parts[0][2], key)
+
+
+def plan_gather(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    """torch.gather: out[i] = x[i with i[axis] := idx[i]] over idx's shape (flat loop, div/mod indexing)."""
+    body = kernel.body
+    n = _node(kernel, "gather")
+    x, idx = operand(body, n.inputs[0]), operand(body, n.inputs[1])
+    check_dtype(x.dtype)
+    ax = n.attrs["axis"]
+    shape = idx.layout.shape
+    numel = math.prod(shape)
+    itemsize = TensorType((), x.dtype).itemsize
+    sched = configure(KernelShape("pointwise", outer=1, inner=numel, bytes=3.0 * numel * itemsize), target)
+    name = function_name(kernel.structural_key, sched, "g")
+    n_args = len(body.inputs) + 1
+    st, it = storage_type(x.dtype), storage_type(idx.dtype)
+
+    def render() -> str:
+        code = Code()
+        code.open(f"static int {name}({signature(n_args)})")
+        code(f"const {st}* x = (const {st}*)p{x.buf};")
+        code(f"const {it}* ix = (const {it}*)p{idx.buf};")
+        code(f"{st}* out = ({st}*)p{n_args - 1};")
+        if numel == 0:
+            code("return 0;")
+            code.close()
+            return code.text()
+        code("int err = 0;")
+        if sched.threads > 1:
+            code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
+        code.open(f"for (int64_t t = 0; t < {numel}; t++)")
+        code("int64_t r_ = t;")
+        code(f"int64_t io = {idx.layout.offset}, xo = {x.layout.offset};")
+        for d in range(len(shape) - 1, -1, -1):
+            code(f"const int64_t i{d} = r_ % {shape[d]}; r_ /= {shape[d]};")
+            code(f"io += i{d} * {idx.layout.strides[d]};")
+            if d != ax:
+                code(f"xo += i{d} * {x.layout.strides[d]};")
+        code("const int64_t k = (int64_t)ix[io];")
+        code.open(f"if (k < 0 || k >= {x.layout.shape[ax]})")
+        code("err = 1;")
+        code("continue;")
+        code.close()
+        code(f"out[t] = x[xo + k * {x.layout.strides[ax]}];")
+        code.close()
+        code("return err;")
+        code.close()
+        return code.text()
+
+    return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")

@@ -1,0 +1,69 @@
+"""Matmul (library + generated epilogue) and attention kernels against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cpu_check import check
+
+
+def _r(*shape):
+    return torch.randn(shape)
+
+
+def test_linear_bias_gelu_residual():
+    lin = torch.nn.Linear(33, 47).eval()
+
+    def f(x, r):
+        return F.gelu(lin(x)) + r
+
+    check(f, _r(2, 5, 33), _r(2, 5, 47), atol=1e-5, rtol=1e-4)
+
+
+def test_matmul_no_epilogue_and_transposed():
+    check(lambda a, b: a @ b, _r(7, 19), _r(19, 5), atol=1e-5, rtol=1e-4)
+    check(lambda a, b: a @ b.t(), _r(7, 19), _r(5, 19), atol=1e-5, rtol=1e-4)
+    check(lambda a, b: torch.relu(a.t() @ b) * 2, _r(19, 7), _r(19, 5), atol=1e-5, rtol=1e-4)
+
+
+def test_batched_broadcast_matmul_epilogue_two_outputs():
+    def f(a, b, c):
+        y = torch.matmul(a, b) + c
+        return y, y * y
+
+    check(f, _r(2, 3, 7, 11), _r(11, 6), _r(6), atol=1e-5, rtol=1e-4)
+    check(lambda a, b: torch.bmm(a, b).tanh(), _r(4, 5, 6), _r(4, 6, 3), atol=1e-5, rtol=1e-4)
+
+
+def test_matmul_epilogue_cast_and_zero_size():
+    check(lambda a, b: (a @ b).to(torch.bfloat16), _r(4, 8), _r(8, 3), atol=1e-2, rtol=1e-2)
+    check(lambda a, b: (a @ b) + 1, _r(0, 8), _r(8, 3))
+    check(lambda a, b: (a @ b) + 1, _r(3, 0), _r(0, 4))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_causal(causal):
+    q, k, v = _r(2, 3, 9, 16), _r(2, 3, 9, 16), _r(2, 3, 9, 16)
+    check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal), q, k, v, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_masks_and_gqa():
+    q, k, v = _r(1, 4, 7, 8), _r(1, 2, 11, 8), _r(1, 2, 11, 8)
+    mask = torch.rand(1, 1, 7, 11) > 0.3
+    mask[..., 0] = True
+    fmask = torch.randn(1, 4, 7, 11)
+    check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m, enable_gqa=True), q, k, v, mask,
+          atol=1e-5, rtol=1e-4)
+    check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m, enable_gqa=True, scale=0.3),
+          q, k, v, fmask, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_from_packed_qkv_with_epilogue():
+    def f(x):
+        q, k, v = x.split(16, dim=-1)
+        q, k, v = (t.view(2, 5, 2, 8).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(2, 5, 16) * 2
+
+    check(f, _r(2, 5, 48), atol=1e-5, rtol=1e-4)
