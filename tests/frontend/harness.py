@@ -211,6 +211,15 @@ def _eager(case: Case, args: tuple, kwargs: dict, seed: int) -> Any:
     return case.target(*args, **kwargs)
 
 
+def lower_case(case: Case, dtype: torch.dtype):
+    """Only lower the case's call (no pipeline, no execution): (IR graph, LowerCtx)."""
+    seed = zlib.crc32(case.id.encode())
+    args, kwargs = _split_args(case.make(Maker(dtype, seed)))
+    want = _eager(case, args, kwargs, seed)
+    fx_graph, inputs = build_fx(case.target, args, kwargs, want, case.outputs)
+    return lower_fx(SimpleNamespace(graph=fx_graph), [InputSpec("user", f"in{i}") for i in range(len(inputs))])
+
+
 def run_case(case: Case, dtype: torch.dtype) -> dict[str, Any]:
     """Lower, verify, interpret (before and after the full pipeline) and compare with eager,
     with contiguous inputs and (unless the case says not) non-contiguous ones holding the same

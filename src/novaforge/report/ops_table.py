@@ -122,20 +122,21 @@ def rule_infos_cached() -> list[RuleInfo]:
 
 
 def core_ops() -> list[torch._ops.OpOverload]:
-    """torch's core ATen op set: every overload tagged `torch.Tag.core`."""
+    """torch's core ATen op set: every registered overload tagged `torch.Tag.core` (from the
+    dispatcher's registry; `dir(torch.ops.aten)` would list only the packets loaded so far)."""
     ops = []
-    for name in dir(torch.ops.aten):
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns != "aten":
+            continue
+        name, _, overload = rest.partition(".")
         try:
-            packet = getattr(torch.ops.aten, name)
+            op = getattr(getattr(torch.ops.aten, name), overload or "default")
         except (AttributeError, RuntimeError):
             continue
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
-            continue
-        for ov in packet.overloads():
-            op = getattr(packet, ov)
-            if torch.Tag.core in op.tags:
-                ops.append(op)
-    return sorted(ops, key=str)
+        if torch.Tag.core in op.tags:
+            ops.append(op)
+    return sorted(set(ops), key=str)
 
 
 def has_decomposition(op: torch._ops.OpOverload) -> bool:
