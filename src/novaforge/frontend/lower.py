@@ -5,9 +5,13 @@ One table (`frontend/table.py`) maps each ATen overload to a builder. A builder 
 result against the FX node's recorded fake value (shape and dtype): a mismatch is a lowering
 bug and raises, so a wrong lowering can never produce a silently wrong program.
 
-An ATen op without a builder becomes an `extern` node (an ATen call with its arguments kept
-as is) when it is functional and its output shapes are static; it is counted and reported. An
-op that cannot be handled at all (mutation, non-tensor output, data-dependent shape) raises
+Each call is handled by the first of (`_lower_call`): an in-place op on a fresh intermediate
+nothing aliases becomes its functional form (such ops survive functionalization inside
+composite decompositions); outputs with no elements become zero-size fills; the op's rule;
+for a composite op without a rule, the CompositeImplicitAutograd decomposition eager itself
+runs, traced on fake inputs and lowered piece by piece; else an `extern` node (an ATen call
+with its arguments kept as is), counted and reported. An op that cannot be handled at all
+(a mutation that is not provably local, a non-tensor output, a data-dependent shape) raises
 `UnsupportedError` naming the op and the user's source line.
 """
 
