@@ -393,6 +393,23 @@ def _has_decomposition(target: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
 
 
+_DECOMPOSITIONS: dict[Any, torch.fx.GraphModule] = {}  # traced decompositions by op and argument types
+
+
+def _decomposition_key(target, flat: list, spec: Any, where: list[int], vals: list[Value]) -> Any:
+    """(op, argument structure, tensor types and non-tensor arguments), or None if unhashable:
+    the 32 identical layers of a model trace each decomposition once."""
+    leaves = list(flat)
+    for i, v in zip(where, vals, strict=True):
+        leaves[i] = v.type
+    key = (target, str(spec), tuple((type(x), x) for x in leaves))  # types: 1, 1.0 and True promote differently
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOverload, rules: dict) -> Any:
     """Lower a composite op without a rule through the decomposition eager itself runs (its
     CompositeImplicitAutograd kernel), traced on fake inputs of the node's shapes; the ops it
@@ -411,12 +428,19 @@ def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOver
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         return target.decompose(*args, **kwargs)
 
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            examples = [torch.empty(v.type.shape, dtype=v.type.dtype, device=v.type.device) for v in vals]
-        sub = make_fx(run, tracing_mode="fake")(*examples)
-    except Exception as e:  # a decomposition that cannot be traced statically stays an ATen call
-        return ctx.extern(f"no lowering rule; its decomposition failed to trace ({type(e).__name__})")
+    key = _decomposition_key(target, flat, spec, where, vals)
+    sub = _DECOMPOSITIONS.get(key) if key is not None else None
+    if sub is None:
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                examples = [torch.empty(v.type.shape, dtype=v.type.dtype, device=v.type.device) for v in vals]
+            sub = make_fx(run, tracing_mode="fake")(*examples)
+        except Exception as e:  # a decomposition that cannot be traced statically stays an ATen call
+            return ctx.extern(f"no lowering rule; its decomposition failed to trace ({type(e).__name__})")
+        if key is not None:
+            if len(_DECOMPOSITIONS) >= 512:
+                _DECOMPOSITIONS.clear()
+            _DECOMPOSITIONS[key] = sub
     env = ctx.env
     phs = [m for m in sub.graph.nodes if m.op == "placeholder"]
     for ph, v in zip(phs, vals, strict=True):
