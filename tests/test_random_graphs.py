@@ -123,12 +123,28 @@ def apply(name: str, xs: list[torch.Tensor], p: tuple) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], xs[1], xs[2])
     if name == "cat":
         return torch.cat([x, xs[1] * 2], p[0])
+    if name == "pad":
+        return F.pad(x, p)
+    if name == "repeat":
+        return x.repeat(p)
+    if name == "flip":
+        return x.flip(p)
+    if name == "tril":
+        return x.tril(p[0])
+    if name == "cumsum":
+        return x.cumsum(p[0])
+    if name == "index_select":
+        return x.index_select(p[0], xs[1])
+    if name == "gather":
+        return x.gather(p[0], xs[1])
+    if name == "take":  # advanced indexing on the first axis
+        return x[xs[1]]
     if name == "bf16_round":
         return x.to(torch.bfloat16).to(x.dtype)
     raise KeyError(name)
 
 
-KINDS = ("unary", "unary", "binary", "binary", "reduce", "view", "view", "nn", "where", "cat")
+KINDS = ("unary", "unary", "binary", "binary", "reduce", "view", "view", "nn", "where", "cat", "movement", "index")
 
 
 @st.composite
@@ -148,9 +164,11 @@ def programs(draw, dtype: torch.dtype) -> tuple[Program, list[torch.Tensor]]:
     pool: list[torch.Tensor] = []
     is_input: list[bool] = []
 
-    def new_input(shape: tuple[int, ...], scale: float = 1.0) -> int:
+    def new_input(shape: tuple[int, ...], scale: float = 1.0, high: int | None = None) -> int:
+        """A fresh input: random values, or (with `high`) int64 indices in [0, high)."""
         prog.steps.append(("input", (), (sum(is_input),)))
-        pool.append((torch.randn(shape, generator=gen) * scale).to(dtype))
+        pool.append(torch.randint(0, high, shape, generator=gen) if high is not None
+                    else (torch.randn(shape, generator=gen) * scale).to(dtype))
         is_input.append(True)
         return len(pool) - 1
 
@@ -215,7 +233,30 @@ def _step(kind, rng: random.Random, i: int, x: torch.Tensor, pool, is_input, new
         leaves = [j for j, t in enumerate(pool) if is_input[j] and t.shape == x.shape]
         c = rng.choice(leaves) if leaves and rng.random() < 0.5 else new_input(x.shape)
         return "where", (c, i, new_input(x.shape)), ()
-    return "cat", (i, i), (rng.randint(-r, r - 1),)
+    if kind == "cat":
+        return "cat", (i, i), (rng.randint(-r, r - 1),)
+    d = rng.randint(-r, r - 1)
+    if kind == "movement":
+        name = rng.choice(["pad", "repeat", "flip", "tril", "cumsum"])
+        if name == "pad":
+            return name, (i,), tuple(rng.randint(-1, 2) for _ in range(2 * rng.randint(1, r)))
+        if name == "repeat":
+            return name, (i,), tuple(rng.randint(1, 2) for _ in range(r + rng.randint(0, 1)))
+        if name == "tril":
+            if r < 2:
+                raise _Skip
+            return name, (i,), (rng.randint(-2, 2),)
+        return name, (i,), ((d,) if name == "cumsum" else tuple({d, rng.randint(-r, r - 1)}))
+    n = x.shape[d]  # index: integer index tensors are inputs of the program
+    if n == 0:
+        raise _Skip
+    name = rng.choice(["index_select", "gather", "take"])
+    if name == "index_select":
+        return name, (i, new_input((rng.randint(0, 5),), high=n)), (d,)
+    if name == "gather":
+        shape = tuple(rng.randint(1, s) if s else 0 for s in x.shape)
+        return name, (i, new_input(shape, high=n)), (d,)
+    return name, (i, new_input((rng.randint(1, 3), rng.randint(1, 3)), high=x.shape[0] or 1)), ()
 
 
 def _view(rng: random.Random, x: torch.Tensor) -> tuple[str, tuple]:
