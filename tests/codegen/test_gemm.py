@@ -54,7 +54,8 @@ def _b_layout(K: int, N: int, layout: str) -> torch.Tensor:
 
 
 SHAPES = [(1, 1, 1), (3, 17, 5), (17, 33, 3), (33, 255, 17), (6, 16, 16), (7, 1, 31), (128, 64, 48), (2, 300, 129),
-          (255, 17, 33), (13, 513, 40), (9, 40, 1100)]  # wide N: A is packed (many panels reuse it)
+          (255, 17, 33), (13, 513, 40), (9, 40, 1100),  # wide N: A is packed (many panels reuse it)
+          (5, 1100, 37)]  # long K: K-blocked loop order
 
 
 def test_reference_bound_can_fail():
@@ -255,7 +256,7 @@ def test_other_builds(variant):
     with ops.using(lib):
         if extra:
             assert lib.nf_sgemm_mr() == int(extra[0].split("=")[1])
-        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33), (10, 20, 1601)]:
+        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33), (10, 20, 1601), (7, 1700, 50)]:
             a, b, bias, res = torch.randn(M, K), torch.randn(N, K).t(), torch.randn(N), torch.randn(M, N)
             pre, scale = _ref(a, b)
             for act in ("none", "gelu_erf", "silu"):

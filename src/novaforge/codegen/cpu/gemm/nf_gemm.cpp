@@ -5,12 +5,12 @@
  * per K block (the last write carries the epilogue). It keeps no state besides per-thread
  * scratch buffers and the blocking parameters, so disjoint blocks may run concurrently.
  *
- * Loop nest per block (GotoBLAS / BLIS blocking, B micro-panel resident in L1):
+ * Loop nest per block (GotoBLAS / BLIS blocking; see gemm_block for the two orders):
  *   for MC-high row block         (A read in place, or packed once for all K: see pack_a)
- *     for NC-wide column block    (the MC x NC block of C stays in L2 across K blocks)
- *       for KC-deep K block       (unpacked B: pack this KC x NC block now)
- *         for each NR panel       (KC x NR of B stays in L1; packed B streams from L3/memory)
- *           for each row tile     (MR rows; remainders split so no tile is very short)
+ *     for NC-wide column block
+ *       for KC-deep K block       (one block when K is short; unpacked B: pack this block now)
+ *         panel-outer: for each NR panel, for each row tile   (B micro-panel in L1)
+ *         tile-outer:  for each row tile, for each NR panel   (A micro-panel in L1)
  *             micro-kernel        (epilogue fused into the last K block)
  * Build: g++ -O3 -march=native -fopenmp -fPIC -shared nf_gemm.cpp (see build.py).
  */
@@ -37,6 +37,7 @@ inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 
 struct Blocking {
     long kc, mc, nc, l2;
+    long k_single;  // K up to this: one K pass, A micro-panel (MR x K) resident in L1
 };
 
 Blocking blocking_for(long l1d, long l2) {
@@ -50,10 +51,12 @@ Blocking blocking_for(long l1d, long l2) {
     b.mc = std::min(std::min(2040L, 1000L * MR), std::max((long)MR, (l2 / 4 / (b.kc * 4)) / MR * MR));
     // a KC x NC block of (unpacked) B takes half of L2
     b.nc = std::max((long)NR, (l2 / 2 / (b.kc * 4)) / NR * NR);
+    // an MR x K micro-panel of A takes three quarters of L1
+    b.k_single = std::max(b.kc, (l1d * 3 / 4 / (MR * 4)) / 8 * 8);
     return b;
 }
 
-Blocking g_blocking = {0, 0, 0, 0};
+Blocking g_blocking = {0, 0, 0, 0, 0};
 
 const Blocking& blocking() {
     if (g_blocking.kc == 0) {
@@ -183,19 +186,29 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
 #endif
 constexpr long kPackAMinPanels = NF_GEMM_PACK_A_MIN_PANELS;
 
+/* Prefetch (to L2) lines [l0, l1) of the `bytes` starting at p. */
+inline void prefetch_lines(const char* p, long bytes, long l0, long l1) {
+    for (long l = l0, le = std::min(l1, bytes / 64); l < le; ++l) nfs::vprefetch_l2(p + l * 64);
+}
+
 void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     if (m0 >= m1 || n0 >= n1) return;
     const Blocking& bl = blocking();
     const long K = P.K;
-    const long nk = K > 0 ? cdiv(K, bl.kc) : 1;
-    const long kcb = K > 0 ? cdiv(K, nk) : 0;
+    // Two loop orders. K <= k_single ("tile-outer"): one K pass, no C reloads; each row tile's
+    // A micro-panel stays in L1 while it sweeps a block of `ncp` panels of B held in L2.
+    // Longer K ("panel-outer", classic GotoBLAS): KC-deep passes, each KC x NR panel of B stays
+    // in L1 while all row tiles stream their A through it; the C block stays in L2 across passes.
+    const bool tile_outer = K > 0 && K <= bl.k_single;
+    const long nk = tile_outer ? 1 : (K > 0 ? cdiv(K, bl.kc) : 1);
+    const long kcb = tile_outer ? K : (K > 0 ? cdiv(K, nk) : 0);
     const long nmb = cdiv(m1 - m0, bl.mc);
     const long mc = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), MR) * MR);
     const long p0 = n0 / NR, p1 = cdiv(n1, NR);
-    // NC: the mc x NC block of C stays in L2 across the K blocks (a quarter of L2); unpacked B
-    // additionally packs a KC x NC block of B per step (bl.nc bounds it to half of L2)
-    long ncp = std::max(4L, bl.l2 / 4 / (mc * NR * 4));
-    if (!P.Bp) ncp = std::min(ncp, std::max(1L, bl.nc / NR));
+    // panels per column block: tile-outer: the K x NC block of B takes a quarter of L2;
+    // panel-outer: the mc x NC block of C takes a quarter of L2 (unpacked B: also bounded by nc)
+    long ncp = tile_outer ? std::max(2L, bl.l2 / 4 / (K * NR * 4)) : std::max(4L, bl.l2 / 4 / (mc * NR * 4));
+    if (!P.Bp) ncp = std::min(ncp, std::max(tile_outer ? 2L : 1L, bl.nc / NR));
     Scratch& ws = t_scratch;
     const bool pack_a = P.a_bf16 || P.cs_a != 1 || p1 - p0 >= kPackAMinPanels;
     float* abuf = pack_a ? Scratch::grow(ws.a, ws.a_cap, mc * std::max(K, 1L) + 16) : nullptr;
@@ -206,23 +219,23 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     const float* bias = ep ? ep->bias : nullptr;
     const float* res = (ep && ep->residual) ? ep->residual + bi * ep->bs_residual : nullptr;
     const long ldr = ep ? ep->ld_residual : 0;
+    const bool tile_fn = ep && ep->tile_fn;
     int tiles[1024];  // mc <= 1000 * MR (blocking_for)
+    long tile_row[1024];
 
     for (long ic = m0; ic < m1; ic += mc) {
         const long mcb = std::min(mc, m1 - ic);
         const int nt = row_tiles(mcb, tiles);
+        for (int t = 0, r = 0; t < nt; r += tiles[t], ++t) tile_row[t] = r;
         // Row-major float32 A is read in place unless many panels will reuse it: then (and for
         // strided or bf16 A) these rows are packed once, for all K, into k-major micro-panels.
         if (pack_a) {
-            long roff = 0;
             for (int t = 0; t < nt; ++t) {
+                float* dst = abuf + tile_row[t] * K;
                 if (P.a_bf16)
-                    pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], K,
-                                abuf + roff * K);
+                    pack_a_tile((const uint16_t*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + tile_row[t], tiles[t], K, dst);
                 else
-                    pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + roff, tiles[t], K,
-                                abuf + roff * K);
-                roff += tiles[t];
+                    pack_a_tile((const float*)P.A + bi * P.bs_a, P.rs_a, P.cs_a, ic + tile_row[t], tiles[t], K, dst);
             }
         }
         const float* a_in_place = (const float*)P.A + bi * P.bs_a + ic * P.rs_a;
@@ -244,38 +257,52 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                         pstride = kc * NR;
                     }
                 }
-                for (long p = pj; p < pje; ++p) {
-                    const long col0 = p * NR;
+                // one micro-kernel call: row tile t x panel p
+                auto run = [&](int t, long p) {
+                    const long col0 = p * NR, row = ic + tile_row[t];
                     nfk::TileOut o;
+                    o.c = C + row * P.ldc + col0;
                     o.ldc = P.ldc;
                     o.accumulate = kb > 0 || P.accumulate;
                     o.last = last;
                     o.bias = bias ? bias + col0 : nullptr;
                     o.act = ep ? ep->act : 0;
+                    o.res = res ? res + row * ldr + col0 : nullptr;
                     o.ldr = ldr;
                     o.lo = (int)std::max(0L, n0 - col0);
                     o.hi = (int)std::min((long)NR, n1 - col0);
                     const float* bp = bbase ? bbase + (p - pj) * pstride : nullptr;
-                    // spread prefetches (to L2) of the next panel of B over this panel's row tiles, so
-                    // that B streaming from memory never stalls the first tile of a panel
-                    const char* bnext = (bp && p + 1 < pje) ? (const char*)(bp + pstride) : nullptr;
-                    const long bnext_lines = kc * NR * 4 / 64, per_tile = cdiv(bnext_lines, nt);
-                    long roff = 0;
+                    if (pack_a)
+                        nfk::kernels[tiles[t]](kc, abuf + tile_row[t] * K + k0 * tiles[t], 1, tiles[t], bp, o);
+                    else
+                        nfk::kernels[tiles[t]](kc, a_in_place + tile_row[t] * P.rs_a + k0, P.rs_a, 1, bp, o);
+                };
+                const long c_lo = std::max(n0, pj * NR), c_hi = std::min(n1, pje * NR);
+                if (tile_outer) {
+                    // (no software prefetch here: measured slower; the sweep over a few contiguous
+                    // panels is a stream the hardware prefetchers follow)
                     for (int t = 0; t < nt; ++t) {
-                        if (bnext)
-                            for (long l = t * per_tile, le = std::min(bnext_lines, l + per_tile); l < le; ++l)
-                                nfs::vprefetch_l2(bnext + l * 64);
-                        o.c = C + (ic + roff) * P.ldc + col0;
-                        o.res = res ? res + (ic + roff) * ldr + col0 : nullptr;
-                        if (pack_a)
-                            nfk::kernels[tiles[t]](kc, abuf + roff * K + k0 * tiles[t], 1, tiles[t], bp, o);
-                        else
-                            nfk::kernels[tiles[t]](kc, a_in_place + roff * P.rs_a + k0, P.rs_a, 1, bp, o);
-                        roff += tiles[t];
+                        for (long p = pj; p < pje; ++p) run(t, p);
+                        if (last && tile_fn)
+                            ep->tile_fn(ep->tile_ctx, bi, C + (ic + tile_row[t]) * P.ldc + c_lo, P.ldc,
+                                        ic + tile_row[t], c_lo, tiles[t], c_hi - c_lo);
                     }
-                    if (last && ep && ep->tile_fn)
-                        ep->tile_fn(ep->tile_ctx, bi, C + ic * P.ldc + col0 + o.lo, P.ldc, ic, col0 + o.lo, mcb,
-                                    o.hi - o.lo);
+                } else {
+                    for (long p = pj; p < pje; ++p) {
+                        // prefetch the next panel of B over this panel's row tiles
+                        // (only with enough tiles to spread it: a burst before one short tile stalls it)
+                        const char* next =
+                            (bbase && nt >= 4 && p + 1 < pje) ? (const char*)(bbase + (p + 1 - pj) * pstride) : nullptr;
+                        const long next_bytes = kc * NR * 4, per = cdiv(next_bytes / 64, nt);
+                        for (int t = 0; t < nt; ++t) {
+                            if (next) prefetch_lines(next, next_bytes, t * per, (t + 1) * per);
+                            run(t, p);
+                        }
+                        if (last && tile_fn) {
+                            const long a = std::max(n0, p * NR), b = std::min(n1, p * NR + NR);
+                            ep->tile_fn(ep->tile_ctx, bi, C + ic * P.ldc + a, P.ldc, ic, a, mcb, b - a);
+                        }
+                    }
                 }
             }
         }
@@ -398,7 +425,7 @@ void nf_gemm_set_cache_sizes(long l1d, long l2, long l3) {
     (void)l3;
     const Blocking cur = blocking();
     Blocking b = blocking_for(l1d, l2);
-    if (l1d <= 0) b.kc = cur.kc;
+    if (l1d <= 0) b.kc = cur.kc, b.k_single = cur.k_single;
     if (l2 <= 0) b.mc = cur.mc, b.nc = cur.nc, b.l2 = cur.l2;
     g_blocking = b;
 }
