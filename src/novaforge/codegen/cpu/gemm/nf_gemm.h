@@ -37,7 +37,8 @@ enum nf_isa { NF_ISA_GENERIC = 0, NF_ISA_AVX2 = 1, NF_ISA_AVX512 = 2 };
 
 /* Called on each finished C tile (rows [row0, row0+rows) x cols [col0, col0+cols) of the
  * batch entry `batch`; `c` points at C[row0, col0]) right after the built-in epilogue,
- * while the tile is in L1. At most nf_gemm_mc() rows x nf_sgemm_nr() columns. Multi-threaded
+ * while the tile is in cache: nf_gemm_mc() rows x one panel (nf_sgemm_nr() columns) at most, or
+ * one row tile (nf_sgemm_mr() rows) x a few panels when K is short. Multi-threaded
  * entries call it from several threads at once (on disjoint tiles): it must be thread-safe. */
 typedef void (*nf_tile_fn)(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows,
                            long cols);
