@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in sorted({12 * (1 if m <= 128 else 8) for m in ms}):
             for line in bench_bmm(batch, args.threads, rounds, args.burst, args.pause):
                 print(line, flush=True)
+    print(f"# load avg at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "rounds": rounds, "results": results}, f)

@@ -265,35 +265,64 @@ def test_other_builds(variant):
             _check(gemm.matmul(a, b, nthreads=2), pre, scale, K)
 
 
-def test_generated_code_can_include_and_link(tmp_path):
-    src = tmp_path / "use_gemm.cpp"
-    src.write_text(
-        """
+GENERATED_STYLE_CPP = r"""
 #include "nf_gemm.h"
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <vector>
+// What generated code does: pack weights once, then run C blocks inside its own parallel loop,
+// each followed by its own epilogue; and call the threaded entry from inside a parallel region.
 int main() {
-    const long M = 5, K = 7, N = 19;
-    std::vector<float> A(M * K), B(K * N), C(M * N), bias(N);
-    for (long i = 0; i < M * K; ++i) A[i] = (float)(i % 5) - 2.f;
-    for (long i = 0; i < K * N; ++i) B[i] = (float)(i % 3) - 1.f;
-    for (long j = 0; j < N; ++j) bias[j] = 0.5f * j;
+    const long M = 61, K = 300, N = 77;
+    std::vector<float> A(M * K), W(N * K), bias(N), C(M * N), D(M * N), R(M * N);
+    for (long i = 0; i < M * K; ++i) A[i] = (float)((i * 7) % 11) / 11.f - 0.5f;
+    for (long i = 0; i < N * K; ++i) W[i] = (float)((i * 5) % 13) / 13.f - 0.5f;
+    for (long j = 0; j < N; ++j) bias[j] = 0.01f * j;
     std::vector<float> P(nf_sgemm_packed_size(K, N));
-    nf_sgemm_pack_b(K, N, B.data(), N, 1, P.data());
-    nf_epilogue ep = {bias.data(), NF_ACT_NONE, nullptr, 0, 0, nullptr, nullptr};
-    nf_sgemm_packed(M, N, K, A.data(), K, 1, P.data(), C.data(), N, 0, &ep, 2);
-    for (long i = 0; i < M * N; ++i) printf("%g\\n", C[i]);
+    nf_sgemm_pack_b(K, N, W.data(), /*stride_k=*/1, /*stride_n=*/K, P.data());  // nn.Linear layout [N, K]
+    for (long i = 0; i < M; ++i)
+        for (long j = 0; j < N; ++j) {
+            double s = bias[j];
+            for (long k = 0; k < K; ++k) s += (double)A[i * K + k] * W[j * K + k];
+            R[i * N + j] = (float)(s > 0 ? s : 0) * 2.f;
+        }
+    nf_epilogue ep = {bias.data(), NF_ACT_RELU, nullptr, 0, 0, nullptr, nullptr};
+    long tm, tn;
+    nf_gemm_partition(M, N, K, 3, &tm, &tn);
+    tm *= 2, tn *= 2;  // more blocks than threads, unaligned bounds
+#pragma omp parallel for collapse(2) num_threads(3)
+    for (long bi = 0; bi < tm; ++bi)
+        for (long bj = 0; bj < tn; ++bj) {
+            long m0 = M * bi / tm, m1 = M * (bi + 1) / tm, n0 = N * bj / tn, n1 = N * (bj + 1) / tn;
+            nf_sgemm_packed_block(M, N, K, A.data(), K, 1, P.data(), C.data(), N, m0, m1, n0, n1, 0, &ep);
+            for (long i = m0; i < m1; ++i)
+                for (long j = n0; j < n1; ++j) C[i * N + j] *= 2.f;  // the caller's own epilogue
+        }
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+        nf_sgemm_packed(M, N, K, A.data(), K, 1, P.data(), D.data(), N, 0, &ep, 2);  // runs serially
+    }
+    double worst = 0;
+    for (long i = 0; i < M * N; ++i) {
+        worst = fmax(worst, fabs(C[i] - R[i]) / (1 + fabs(R[i])));
+        worst = fmax(worst, fabs(2.f * D[i] - R[i]) / (1 + fabs(R[i])));
+    }
+    printf("%g\n", worst);
+    return worst < 1e-4 ? 0 : 1;
 }
 """
-    )
+
+
+def test_generated_code_can_include_and_link(tmp_path):
+    src = tmp_path / "use_gemm.cpp"
+    src.write_text(GENERATED_STYLE_CPP)
     exe = tmp_path / "use_gemm"
-    cmd = [build.compiler(), "-O1", f"-I{gemm.include_dir()}", str(src), "-o", str(exe), *gemm.link_args()]
-    subprocess.run(cmd, check=True, capture_output=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
-    A = torch.tensor([(i % 5) - 2.0 for i in range(35)]).view(5, 7)
-    B = torch.tensor([(i % 3) - 1.0 for i in range(7 * 19)]).view(7, 19)
-    ref = A @ B + 0.5 * torch.arange(19.0)
-    assert torch.equal(torch.tensor([float(x) for x in out]).view(5, 19), ref)
+    cmd = [build.compiler(), "-O1", "-fopenmp", f"-I{gemm.include_dir()}", str(src), "-o", str(exe)]
+    subprocess.run([*cmd, *gemm.link_args()], check=True, capture_output=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert run.returncode == 0, f"worst relative error {run.stdout.strip()} {run.stderr}"
 
 
 def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
