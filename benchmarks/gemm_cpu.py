@@ -25,6 +25,7 @@ Candidates (those whose package is missing are skipped):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -54,7 +55,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from novaforge.codegen.cpu import gemm  # noqa: E402
-from novaforge.codegen.cpu.gemm import ops  # noqa: E402
+from novaforge.codegen.cpu.gemm import build, ops  # noqa: E402
 
 KN = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 2048), (2048, 768), (768, 32000)]
 MS = [1, 16, 128, 1024]
@@ -258,6 +259,54 @@ def bench_bmm(batch: int, threads: int, rounds: int, burst_s: float, pause_s: fl
     return lines
 
 
+def bench_epilogue(threads: int, rounds: int, burst_s: float, pause_s: float) -> list[str]:
+    """GPT-2 MLP up-projection with bias + GELU(tanh), and out-projection + bias + residual add."""
+    lines = []
+    lib = ops.lib()
+    cases = [("fc1 + bias + gelu_tanh", 768, 3072, "gelu_tanh"), ("proj + bias + residual", 3072, 768, None)]
+    for label, K, N, act in cases:
+        gen = torch.Generator().manual_seed(K * N)
+        x, w, b = torch.randn(128, K, generator=gen), torch.randn(N, K, generator=gen) / K**0.5, torch.randn(N)
+        r = torch.randn(128, N, generator=gen)
+        mkl_w = torch.ops.mkl._mkl_reorder_linear_weight(w, 128) if torch._C.has_mkl else None
+        dnn_w = torch.ops.mkldnn._reorder_linear_weight(w, 128)
+        pb, c = gemm.pack_b(w.t()), torch.empty(128, N)
+        ep = build.Epilogue()
+        ep.bias, ep.act = b.data_ptr(), build.ACTS[act] if act else 0
+        if act is None:
+            ep.residual, ep.ld_residual = r.data_ptr(), N
+        nf_args = (128, N, K, x.data_ptr(), K, 1, pb.ptr(), c.data_ptr(), N, 0, ctypes.byref(ep), threads)
+        gelu = torch.nn.functional.gelu
+        calls: dict[str, Callable] = {}
+        if act:
+            if mkl_w is not None:
+                calls["mkl-packed + torch gelu"] = lambda: gelu(
+                    torch.ops.mkl._mkl_linear(x, mkl_w, w, b, 128), approximate="tanh")
+            calls["onednn fused gelu"] = lambda: torch.ops.mkldnn._linear_pointwise(x, dnn_w, b, "gelu", [], "tanh")
+            ref = gelu(x.double() @ w.double().t() + b.double(), approximate="tanh")
+        else:
+            if mkl_w is not None:
+                calls["mkl-packed + torch add"] = lambda: torch.ops.mkl._mkl_linear(x, mkl_w, w, b, 128).add_(r)
+            calls["onednn + torch add"] = lambda: torch.ops.mkldnn._linear_pointwise(
+                x, dnn_w, b, "none", [], "").add_(r)
+            ref = x.double() @ w.double().t() + b.double() + r.double()
+        calls["nf fused"] = lambda: (lib.nf_sgemm_packed(*nf_args), c)[1]
+        for name, call in calls.items():
+            err = (call().double() - ref).abs().max().item()
+            if err > 1e-3:
+                raise AssertionError(f"{label} / {name}: max err {err}")
+        samples: dict[str, list[float]] = {n: [] for n in calls}
+        order = list(calls)
+        for _ in range(rounds):
+            random.shuffle(order)
+            for name in order:
+                time.sleep(pause_s)
+                samples[name].append(time_burst(calls[name], burst_s))
+        lines.append(f"| {label} (128 x {K} x {N}) | " + ", ".join(
+            f"{n} {statistics.median(v) * 1e3:.3f}" for n, v in samples.items()) + " |")
+    return lines
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
     return q[0], statistics.median(xs), q[2]
@@ -338,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         for batch in sorted({12 * (1 if m <= 128 else 8) for m in ms}):
             for line in bench_bmm(batch, args.threads, rounds, args.burst, args.pause):
                 print(line, flush=True)
+    if 128 in ms and not args.no_bmm:
+        print("\n| linear with its epilogue, ms per call (median) | candidates |\n|---|---|")
+        for line in bench_epilogue(args.threads, rounds, args.burst, args.pause):
+            print(line, flush=True)
     print(f"# load avg at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
