@@ -65,9 +65,6 @@ def test_data_dependent_control_flow_is_a_clear_capture_error(fn, line: int, mod
     assert "depend on tensor values" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, reason="capture errors for data-dependent control flow do not name the user's "
-                                       "source line (the message names a torch-internal frame); capture.py / "
-                                       "capture_fx.py should append the innermost user frame of the traceback")
 @pytest.mark.parametrize("mode", MODES)
 def test_data_dependent_control_flow_names_the_line(mode: str) -> None:
     compiled = novaforge.compile(f_branch, backend="interpret", capture=mode)

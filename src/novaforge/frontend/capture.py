@@ -29,6 +29,23 @@ class CaptureError(RuntimeError):
     pass
 
 
+def user_frame(exc: BaseException) -> str:
+    """The innermost traceback frame of `exc` in user code (outside torch, novaforge and the
+    standard library), as 'dir/file.py:line in fn: code', or '' if there is none."""
+    import os
+    import traceback
+
+    skip = [os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)),
+            os.path.dirname(os.__file__)]
+    frames = traceback.extract_tb(exc.__traceback__)
+    for f in reversed(frames):
+        if f.filename.startswith("<") or any(f.filename.startswith(d + os.sep) for d in skip):
+            continue
+        short = "/".join(f.filename.split(os.sep)[-2:])
+        return f"{short}:{f.lineno} in {f.name}: {(f.line or '').strip()}".rstrip(": ")
+    return ""
+
+
 @dataclass
 class Captured:
     graph: Graph
@@ -75,8 +92,9 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
         kind = "data-dependent" if "data-dependent" in str(e) or "GuardOnDataDependent" in type(e).__name__ else ""
         hint = (" (control flow or shapes that depend on tensor values cannot be compiled; "
                 "move them out of the compiled region)") if kind else ""
-        raise CaptureError(f"torch.export could not capture {type(module).__name__}{hint}: "
-                           f"{type(e).__name__}: {head}") from e
+        where = user_frame(e)
+        raise CaptureError(f"torch.export could not capture {type(module).__name__}{hint}"
+                           f"{' at ' + where if where else ''}: {type(e).__name__}: {head}") from e
 
 
 CAPTURE_MODES = ("fx", "export")

@@ -100,7 +100,11 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
         dd = "data-dependent" in str(e) or "_local_scalar_dense" in str(e) or "GuardOnDataDependent" in type(e).__name__
         hint = (" (control flow or shapes that depend on tensor values cannot be compiled; move them out of "
                 "the compiled region)") if dd else ""
-        raise CaptureError(f"could not capture {type(mod).__name__}{hint}: {type(e).__name__}: {head}") from e
+        from .capture import user_frame
+
+        where = user_frame(e)
+        raise CaptureError(f"could not capture {type(mod).__name__}{hint}{' at ' + where if where else ''}: "
+                           f"{type(e).__name__}: {head}") from e
     t1 = time.perf_counter()
     if out_info.get("consts"):
         raise CaptureError(f"{type(mod).__name__} returns non-tensor values {list(out_info['consts'].values())[:3]}; "
