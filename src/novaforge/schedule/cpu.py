@@ -83,9 +83,12 @@ def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
     est = estimate_ns(shape, target)
     if shape.kind == "attention":
         e = max(shape.head_dim, 1)
-        # K and V tiles (2 * kv_tile * e floats) within half of L1
-        kv = max(vec, min(256, (target.l1d_bytes // 2) // (2 * 4 * e) // vec * vec))
-        q = 1 if shape.q_len <= 1 else min(32, max(1, shape.q_len))
+        q = max(1, min(16, shape.q_len))
+        # per task in L1: q tile (q*e), transposed K tile (e*kv), score tile (q*kv), accumulator (q*e)
+        floats = target.l1d_bytes // 4
+        step = 2 * vec  # the register tiles cover two vectors of keys
+        kv = (floats - 2 * q * e) // (e + q) // step * step
+        kv = max(step, min(256, kv, -(-max(shape.kv_len, 1) // step) * step))
         threads = _threads_for(est, shape.outer, target)
         return CpuSchedule("attention", threads=threads, vector=vec, q_tile=q, kv_tile=kv)
     if shape.kind == "reduction":

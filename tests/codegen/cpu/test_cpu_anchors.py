@@ -67,3 +67,21 @@ def test_attention_from_packed_qkv_with_epilogue():
         return o.transpose(1, 2).reshape(2, 5, 16) * 2
 
     check(f, _r(2, 5, 48), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("L,S,causal", [(200, 200, True), (5, 300, False), (37, 150, True), (150, 37, True)])
+def test_flash_attention_tiles(L, S, causal):
+    q, k, v = _r(1, 3, L, 64), _r(1, 3, S, 64), _r(1, 3, S, 48)
+    c, _ = check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal), q, k, v,
+                 atol=1e-5, rtol=1e-4)
+    info = c.stats().program.info
+    assert info["library"] == 0, "attention did not run the generated flash kernel"
+
+
+def test_flash_attention_fully_masked_rows():
+    q, k, v = _r(1, 2, 6, 8), _r(1, 2, 70, 8), _r(1, 2, 70, 8)
+    mask = torch.rand(1, 1, 6, 70) > 0.5
+    mask[..., 2, :] = False  # a row with no key: zeros, as in eager
+    mask[..., 3, :65] = False  # a row whose only keys are in the last tile
+    check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, k, v, mask, atol=1e-5,
+          rtol=1e-4)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ...cache.store import cache_key, library_cache
 from ...ir import Graph, Kernel, Value
 from ...ir.types import TensorType
@@ -34,8 +36,8 @@ from .build import HEADER_DIR, compile_flags, compile_library, compiler, compile
 from .kernels import KernelPlan, plan_kernel
 from .loops import GenKernel
 
-_SOURCES = ("analysis.py", "backend.py", "build.py", "cexpr.py", "kernels.py", "loops.py", "singles.py",
-            "nf_cpu.h")
+_SOURCES = ("analysis.py", "attention.py", "backend.py", "build.py", "cexpr.py", "kernels.py", "loops.py", "matmul.py",
+            "singles.py", "nf_cpu.h")
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
 EXPORT = 'extern "C" __attribute__((visibility("default")))'
 _hash_cache: list[str] = []
@@ -68,12 +70,13 @@ class CpuBackend:
     def target(self) -> CpuTarget:
         return detect_cpu_target()
 
-    def plan(self, kernel: Kernel, target: CpuTarget | None = None) -> KernelPlan:
+    def plan(self, kernel: Kernel, target: CpuTarget | None = None,
+             const_bufs: frozenset[int] = frozenset()) -> KernelPlan:
         target = target or self.target()
-        key = kernel.structural_key + "|" + target.key()
+        key = f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}"
         p = self._plans.get(key)
         if p is None:
-            p = plan_kernel(kernel, target)
+            p = plan_kernel(kernel, target, const_bufs)
             self._plans[key] = p
         return p
 
@@ -92,7 +95,8 @@ class CpuBackend:
         segments: list[tuple[str, list[tuple[str, list[int]]]]] = []
         gens: dict[str, GenKernel] = {}
         current: list[tuple[str, list[int]]] = []
-        counts = {"generated": 0, "library": 0, "torch": 0}
+        counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
+        use_packing = bool(options.get("pack_weights", True))
         fallbacks: list[str] = []
 
         def flush() -> None:
@@ -107,10 +111,28 @@ class CpuBackend:
             if n.op != "kernel":
                 continue
             kernel: Kernel = n.attrs["kernel"]
-            plan = self.plan(kernel, target)
             ins = [layout.slot_of(v) for v in n.inputs]
             outs = [layout.slot_of(o) for o in n.outputs]
-            if plan.kind == "gen":
+            consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
+            plan = self.plan(kernel, target, consts if use_packing else frozenset())
+            if plan.kind == "gemm":
+                gp = plan.gemm
+                assert gp is not None and plan.gen is not None
+                if gp.dst == "direct":
+                    dst = outs[0]
+                elif gp.dst == "inplace":
+                    assert gp.inplace is not None
+                    dst = outs[gp.inplace]
+                else:
+                    dst = layout.scratch(gp.scratch)
+                args = [dst] + ins + outs
+                if gp.pack is not None:
+                    args.append(layout.packed(n.inputs[gp.pack.buf], gp.pack))
+                gens[plan.gen.fn] = plan.gen
+                current.append((plan.gen.fn, args))
+                counts["generated"] += 1
+                counts["gemm"] += 1
+            elif plan.kind == "gen":
                 assert plan.gen is not None
                 gens[plan.gen.fn] = plan.gen
                 current.append((plan.gen.fn, ins + outs))
@@ -123,13 +145,18 @@ class CpuBackend:
                     dst = outs[plan.inplace]
                 else:
                     dst = layout.scratch(plan.anchor_type)
-                flush()
-                attrs = dict(plan.anchor_attrs)
-                attrs["out_shape"] = plan.anchor_type.shape
-                steps.append(StepSpec("matmul" if plan.kind == "matmul" else "sdpa",
-                                      operands=[(ins[o.buf], o.layout) for o in plan.operands], out=dst, attrs=attrs,
-                                      label=kernel.name))
-                counts["library"] += 1
+                if plan.anchor_gen is not None:
+                    gens[plan.anchor_gen.fn] = plan.anchor_gen
+                    current.append((plan.anchor_gen.fn, [dst] + ins + outs))
+                    counts["generated"] += 1
+                else:
+                    flush()
+                    attrs = dict(plan.anchor_attrs)
+                    attrs["out_shape"] = plan.anchor_type.shape
+                    steps.append(StepSpec("matmul" if plan.kind == "matmul" else "sdpa",
+                                          operands=[(ins[o.buf], o.layout) for o in plan.operands], out=dst,
+                                          attrs=attrs, label=kernel.name))
+                    counts["library"] += 1
                 if plan.gen is not None:
                     gens[plan.gen.fn] = plan.gen
                     current.append((plan.gen.fn, [dst] + ins + outs))
@@ -144,7 +171,7 @@ class CpuBackend:
         t1 = time.perf_counter()
         lib, how, key = (None, "none", "")
         if segments:
-            lib, how, key = self._library(target, gens, segments)
+            lib, how, key = self._library(target, gens, segments, uses_gemm=counts["gemm"] > 0)
         t2 = time.perf_counter()
         info = {"library_key": key, "cache": how, "plan_s": t1 - t0, "library_s": t2 - t1,
                 "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
@@ -152,11 +179,20 @@ class CpuBackend:
         return CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
 
     def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
-                 segments: list[tuple[str, list[tuple[str, list[int]]]]]) -> tuple[ctypes.CDLL, str, str]:
+                 segments: list[tuple[str, list[tuple[str, list[int]]]]],
+                 uses_gemm: bool) -> tuple[ctypes.CDLL, str, str]:
         glue = _glue(gens, segments)
         cxx = compiler()
+        extra, link, gemm_key = ["-fvisibility=hidden"], [], ""
+        if uses_gemm:
+            from . import gemm
+
+            gemm.load()  # our library links this exact build (same path: one instance, configured)
+            extra.append(f"-I{gemm.include_dir()}")
+            link = gemm.link_args()
+            gemm_key = gemm.build.build_key()
         key = cache_key(self.hash(), target.key(), compiler_version(cxx), " ".join(compile_flags(target)),
-                        "\n".join(sorted(g.key for g in gens.values())), glue)
+                        gemm_key, "\n".join(sorted(g.key for g in gens.values())), glue)
         seg_names = [s for s, _ in segments]
 
         def verify(lib: ctypes.CDLL) -> bool:
@@ -170,10 +206,10 @@ class CpuBackend:
                 return False
 
         def build(workdir: Path) -> tuple[Path, list[Path]]:
-            units = _translation_units(gens, target)
+            units = _translation_units(gens, target, uses_gemm)
             units[0] += glue + f'{EXPORT} const char* nf_lib_key() {{ return "{key}"; }}\n'
             out = workdir / "lib.so"
-            compile_library(units, out, target, workdir, extra_flags=["-fvisibility=hidden"])
+            compile_library(units, out, target, workdir, extra_flags=extra, link_flags=link)
             return out, sorted(workdir.glob("*.cpp"))
 
         lib, how = library_cache("cpu").load_or_build(key, build, verify)
@@ -194,11 +230,12 @@ def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, 
     return "\n".join(lines) + "\n"
 
 
-def _translation_units(gens: dict[str, GenKernel], target: CpuTarget) -> list[str]:
+def _translation_units(gens: dict[str, GenKernel], target: CpuTarget, uses_gemm: bool) -> list[str]:
     """Rendered kernels split into up to `threads` units of similar size (compiled in parallel)."""
     rendered = [gens[fn].render() for fn in sorted(gens)]
     n_units = max(1, min(target.threads, len(rendered) // 4 or 1))
-    units = [PRELUDE for _ in range(n_units)]
+    prelude = PRELUDE + ('#include "nf_gemm.h"\n' if uses_gemm else "")
+    units = [prelude for _ in range(n_units)]
     sizes = [0] * n_units
     for text in sorted(rendered, key=len, reverse=True):
         i = sizes.index(min(sizes))
@@ -225,6 +262,7 @@ class _Layout:
         self._slot: dict[Value, int] = {}
         self._input_pos: dict[Value, int] = {}
         self._const: dict[Value, Any] = {}
+        self._packed: dict[tuple, int] = {}
         pos = 0
         for gi in graph.inputs:
             if gi.kind == "const":
@@ -266,6 +304,19 @@ class _Layout:
         if s is None:
             raise ValueError(f"value {v!r} read by a kernel has no buffer (a top-level view?)")
         return s
+
+    def packed(self, v: Value, op: Any) -> int:
+        """A constant slot holding B packed for nf_gemm (once per weight and view)."""
+        key = (v, op.layout)
+        if key not in self._packed:
+            from . import gemm
+
+            t = self._const[v]
+            view = t.as_strided(op.layout.shape, op.layout.strides, t.storage_offset() + op.layout.offset)
+            data = gemm.pack_b(view).data
+            self._packed[key] = self._add(SlotSpec("const", TensorType(tuple(data.shape), torch.float32),
+                                                   tensor=data))
+        return self._packed[key]
 
     def scratch(self, t: TensorType) -> int:
         """A slot at the start of the shared scratch region (one library result at a time)."""

@@ -58,7 +58,7 @@ def arch_flags(target: CpuTarget) -> list[str]:
 
 def compile_flags(target: CpuTarget, opt: str = "-O2") -> list[str]:
     return [opt, *arch_flags(target), "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-fPIC",
-            "-std=c++17", "-w", f"-I{HEADER_DIR}"]
+            "-std=c++17", "-w", f"-DNF_VEC={target.vector_floats}", f"-I{HEADER_DIR}"]
 
 
 _version_cache: dict[str, str] = {}
@@ -76,7 +76,7 @@ def compiler_version(cxx: str | None = None) -> str:
 
 
 def compile_library(sources: list[str], out_path: Path, target: CpuTarget, workdir: Path,
-                    extra_flags: list[str] | None = None) -> Path:
+                    extra_flags: list[str] | None = None, link_flags: list[str] | None = None) -> Path:
     """Compile `sources` (one translation unit each) into the shared library `out_path`."""
     cxx = compiler()
     flags = compile_flags(target) + list(extra_flags or [])
@@ -105,7 +105,7 @@ def compile_library(sources: list[str], out_path: Path, target: CpuTarget, workd
         raise CompileError("C++ compilation failed; source kept at "
                            f"{', '.join(str(c) for c in cpps)}\n" + "\n".join(e[:4000] for e in errors))
     tmp_out = out_path.with_name(out_path.name + f".tmp{os.getpid()}")
-    link = [cxx, "-shared", "-fopenmp", *[str(o) for o in objs], "-o", str(tmp_out)]
+    link = [cxx, "-shared", "-fopenmp", *[str(o) for o in objs], *(link_flags or []), "-o", str(tmp_out)]
     r = subprocess.run(link, capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(f"linking failed; sources kept at {workdir}\n{r.stdout}{r.stderr}"[:6000])

@@ -3,6 +3,8 @@
 `plan_kernel(kernel, target)` returns a `KernelPlan`:
 
 * ``gen``       a generated C++ function (pointwise, reduction, embedding gather, cat);
+* ``gemm``      a generated function calling the nf_gemm library with the epilogue fused
+                (see matmul.py): arguments [C buffer] + inputs + outputs [+ packed B];
 * ``matmul``    a library matmul (torch.matmul into the output or a scratch buffer, through
                 strided views of the inputs) followed by the generated epilogue, if any;
 * ``attention`` the library's fused attention (scaled_dot_product_attention) or the generated
@@ -27,6 +29,7 @@ from ...ir.views import Strided
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, analyze_body, body_space, operand
+from .attention import plan_flash_attention
 from .cexpr import check_dtype
 from .loops import (
     GenKernel,
@@ -37,12 +40,13 @@ from .loops import (
     render_pointwise,
     render_reduction,
 )
+from .matmul import GemmPlan, plan_gemm
 from .singles import plan_cat, plan_gather, plan_take
 
 
 @dataclass
 class KernelPlan:
-    kind: str  # gen | matmul | attention | torch
+    kind: str  # gen | gemm | matmul | attention | torch
     gen: GenKernel | None = None  # the kernel (gen) or its epilogue (matmul, attention)
     operands: list[Operand] = field(default_factory=list)
     anchor_type: TensorType | None = None
@@ -50,6 +54,8 @@ class KernelPlan:
     direct: int | None = None  # the body output the library writes directly (no epilogue)
     inplace: int | None = None  # the body output the library writes and the epilogue updates in place
     reason: str = ""
+    gemm: GemmPlan | None = None
+    anchor_gen: GenKernel | None = None  # a generated anchor (flash attention) writing the anchor buffer
 
     @property
     def executor(self) -> str:
@@ -121,13 +127,20 @@ def epilogue_body(body: Graph, anchor: Node) -> Graph:
     return Graph(inputs, nodes, body.outputs)
 
 
-def _plan_anchor(kernel: Kernel, target: CpuTarget) -> KernelPlan:
+def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int]) -> KernelPlan:
     body = kernel.body
     anchor = kernel.anchor_node
     assert anchor is not None
     a_type = anchor.outputs[0].type
     if a_type.device != "cpu":
         raise Unsupported("anchor not on the CPU")
+    if anchor.op == "matmul":
+        try:
+            gp = plan_gemm(kernel, epilogue_body(body, anchor), target, const_bufs)
+        except Unsupported:
+            gp = None
+        if gp is not None:
+            return KernelPlan("gemm", gen=gp.gen, anchor_type=gp.scratch, gemm=gp)
     operands = [operand(body, v) for v in anchor.inputs]
     attrs = {k: anchor.attrs[k] for k in anchor.attrs}
     kind = "matmul" if anchor.op == "matmul" else "attention"
@@ -137,6 +150,11 @@ def _plan_anchor(kernel: Kernel, target: CpuTarget) -> KernelPlan:
     epi = epilogue_body(body, anchor)
     computed = [n for n in epi.nodes if not (OPS[n.op].has("view") or OPS[n.op].has("generator"))]
     plan = KernelPlan(kind, operands=operands, anchor_type=a_type, anchor_attrs=attrs)
+    if kind == "attention":
+        try:
+            plan.anchor_gen = plan_flash_attention(kernel, target)
+        except Unsupported:
+            plan.anchor_gen = None
     if not computed and len(body.outputs) == 1:
         out = body.outputs[0]
         v = out
@@ -182,14 +200,15 @@ def _plan_full_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
     return plan_loops(kernel.structural_key + "|keepdim", new_body, "reduction", target)
 
 
-def plan_kernel(kernel: Kernel, target: CpuTarget) -> KernelPlan:
+def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = frozenset()) -> KernelPlan:
+    """`const_bufs`: body inputs that are constants of the graph (frozen weights: B is packed)."""
     try:
         if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
             raise Unsupported("inputs not on the CPU")
         if kernel.kind in ("pointwise", "reduction"):
             return KernelPlan("gen", gen=plan_loops(kernel.structural_key, kernel.body, kernel.kind, target))
         if kernel.kind in ("matmul", "attention"):
-            return _plan_anchor(kernel, target)
+            return _plan_anchor(kernel, target, const_bufs)
         if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
             op = next((n.op for n in kernel.body.nodes if not OPS[n.op].has("view")), None)
             if op == "take":

@@ -497,3 +497,82 @@ def _row_pass(code: Code, info: BodyInfo, vals: _Values, rdims, base: list[Acces
     vals.names = saved
     while code.depth > depth0:
         code.close()
+
+
+# ------------------------------------------------------------------ GEMM tile epilogues
+@dataclass(frozen=True)
+class TileMap:
+    """An access seen as (batch, row, col) strides of the GEMM output tile grid."""
+
+    offset: int
+    bs: int
+    rs: int
+    cs: int
+
+
+def tile_maps(info: BodyInfo, batch_dims: list[int], row_dims: list[int], col_dim: int,
+              accesses: list[tuple[tuple[int, ...], int]]) -> list[TileMap]:
+    """Map each access (strides over the space, offset) to (batch, row, col) strides; raises
+    Unsupported when the batch or row dims do not coalesce for an access."""
+    out = []
+    for strides, offset in accesses:
+        b = coalesce(batch_dims, info.space, [strides])
+        r = coalesce(row_dims, info.space, [strides])
+        if len(b) > 1 or len(r) > 1:
+            raise Unsupported("epilogue access does not coalesce onto the GEMM tile grid")
+        out.append(TileMap(offset, b[0][1][0] if b else 0, r[0][1][0] if r else 0,
+                           strides[col_dim] if info.space[col_dim] != 1 else 0))
+    return out
+
+
+def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
+                         batch_dims: list[int], row_dims: list[int], col_dim: int) -> str:
+    """`void name(ctx, batch, c, ldc, row0, col0, rows, cols)`: the epilogue applied to one
+    finished GEMM tile while it is in L1. Input 0 (the matmul result) is read from the tile `c`
+    (as float32); ctx holds the kernel's argument pointers (p0 = the C buffer)."""
+    code = Code()
+    code.open(f"static void {name}(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows, "
+              "long cols)")
+    code("void** p = (void**)ctx;")
+    for i, dt in enumerate(in_dtypes):
+        if i:
+            st = storage_type(dt)
+            code(f"const {st}* in{i} = (const {st}*)p[{i}];")
+    for j, dt in enumerate(out_dtypes):
+        st = storage_type(dt)
+        code(f"{st}* out{j} = ({st}*)p[{len(in_dtypes) + j}];")
+    vals = _Values(info, code)
+    roots = [s.value for s in info.stores]
+    leaves = [v for v in _leaves_in(info, roots, lambda v: False) if info.leaves[v].kind != "const"]
+    for v, lf in info.leaves.items():
+        if lf.kind == "const":
+            vals.names[v] = literal(lf.value, lf.dtype)
+    accesses = [(info.leaves[v].strides, info.leaves[v].offset) for v in leaves]
+    accesses += [(s.strides, s.offset) for s in info.stores]
+    maps = tile_maps(info, batch_dims, row_dims, col_dim, accesses)
+    code.open("for (long r = 0; r < rows; r++)")
+    code("const int64_t row = row0 + r;")
+    for k, m in enumerate(maps):
+        terms = [str(m.offset)] + ([f"batch * {m.bs}"] if m.bs else []) + ([f"row * {m.rs}"] if m.rs else []) + (
+            [f"col0 * {m.cs}"] if m.cs else [])
+        code(f"const int64_t a{k} = {' + '.join(terms)};")
+    code("#pragma omp simd")
+    code.open("for (long j = 0; j < cols; j++)")
+    for k, v in enumerate(leaves):
+        lf = info.leaves[v]
+        nm = vals.fresh("l")
+        if lf.kind == "load" and lf.buf == 0:
+            code(f"const float {nm} = c[r * ldc + j];")
+        else:
+            code(f"const {compute_type(lf.dtype)} {nm} = {vals.leaf_expr(v, lf, f'a{k}', maps[k].cs, 'j')};")
+        vals.names[v] = nm
+    for n in _cone(info, roots, lambda v: v in info.leaves):
+        vals.emit_node(n)
+    for k, s in enumerate(info.stores):
+        m = maps[len(leaves) + k]
+        idx = index_expr(f"a{len(leaves) + k}", m.cs, "j")
+        code(f"out{s.buf}[{idx}] = {store_expr(vals.names[s.value], s.dtype)};")
+    code.close()
+    code.close()
+    code.close()
+    return code.text()

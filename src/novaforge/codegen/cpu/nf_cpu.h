@@ -297,3 +297,76 @@ static inline float nf_remainder_f(float a, float b) {
   if (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) mod += b;
   return mod;
 }
+
+// ------------------------------------------------------------------ small vector tiles
+// GCC vector extensions at the target's width (NF_VEC floats, set by the build), used by the
+// register-blocked micro-kernels of the generated attention kernel.
+#ifndef NF_VEC
+#define NF_VEC 8
+#endif
+typedef float nf_vf __attribute__((vector_size(NF_VEC * 4)));
+NF_INLINE nf_vf nf_vload(const float* p) { nf_vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
+NF_INLINE void nf_vstore(float* p, nf_vf v) { __builtin_memcpy(p, &v, sizeof v); }
+NF_INLINE nf_vf nf_vsplat(float x) { return x - (nf_vf){}; }  // x - (+0) == x, folds to a broadcast
+
+// s[r][0:2V] = sum_e q[r][e] * kt[e][0:2V] for R rows (R = 1 or 4), accumulators in registers
+template <int R>
+NF_INLINE void nf_tile_qk(const float* q, long ldq, const float* kt, long ldk, long E, float* s, long lds) {
+  nf_vf acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = nf_vsplat(0.0f);
+  for (long e = 0; e < E; e++) {
+    const nf_vf k0 = nf_vload(kt + e * ldk), k1 = nf_vload(kt + e * ldk + NF_VEC);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const nf_vf qv = nf_vsplat(q[r * ldq + e]);
+      acc[r][0] += qv * k0;
+      acc[r][1] += qv * k1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    nf_vstore(s + r * lds, acc[r][0]);
+    nf_vstore(s + r * lds + NF_VEC, acc[r][1]);
+  }
+}
+
+// acc[r][0:2V] += sum_{j < nj} p[r][j] * v[j][0:2V] for R rows (R = 1 or 4)
+template <int R>
+NF_INLINE void nf_tile_pv(const float* p, long ldp, const float* v, long ldv, long nj, float* acc, long lda) {
+  nf_vf a[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    a[r][0] = nf_vload(acc + r * lda);
+    a[r][1] = nf_vload(acc + r * lda + NF_VEC);
+  }
+  for (long j = 0; j < nj; j++) {
+    const nf_vf v0 = nf_vload(v + j * ldv), v1 = nf_vload(v + j * ldv + NF_VEC);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const nf_vf pv = nf_vsplat(p[r * ldp + j]);
+      a[r][0] += pv * v0;
+      a[r][1] += pv * v1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    nf_vstore(acc + r * lda, a[r][0]);
+    nf_vstore(acc + r * lda + NF_VEC, a[r][1]);
+  }
+}
+
+// A per-thread, 64-byte aligned scratch buffer of at least `floats` floats (slot 0 or 1), kept
+// and grown across calls (a generated kernel never holds it across another kernel's call).
+#include <cstdlib>
+static inline float* nf_scratch(int slot, size_t floats) {
+  static thread_local float* buf[2] = {nullptr, nullptr};
+  static thread_local size_t cap[2] = {0, 0};
+  if (floats > cap[slot]) {
+    std::free(buf[slot]);
+    size_t n = (floats + 15) / 16 * 16;
+    buf[slot] = (float*)std::aligned_alloc(64, n * sizeof(float));
+    cap[slot] = buf[slot] ? n : 0;
+  }
+  return buf[slot];
+}

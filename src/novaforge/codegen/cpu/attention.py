@@ -1,0 +1,230 @@
+"""A generated flash-style attention kernel (float32): online softmax over key/value tiles.
+
+The parallel tasks are (batch, query head, chunk of query blocks); a task packs K transposed
+once (in kv_tile-wide tiles, up to the causal limit of its chunk, into a per-thread buffer) and,
+for every block of `q_tile` query rows, walks the key/value tiles: it computes the score tile
+S = (q * scale) K^T (register-blocked, vectorized over keys), applies the
+mask (bool: keep; float: added) and the causal triangle (key j <= query i, top-left aligned),
+updates each row's running max and sum (online softmax) and accumulates P V into a per-row
+accumulator. Only a q_tile x kv_tile score tile ever exists. Grouped-query heads read the
+key/value head h // (Hq / Hk). Shapes and strides are compile-time constants; q, k, v and the
+mask are read through their strides (no transposes copied).
+
+Invariant: out = softmax(q k^T * scale + mask) v like torch's CPU scaled_dot_product_attention,
+including its zeros for rows where every key is masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...ir import Kernel
+from ...schedule.cpu import KernelShape, configure
+from ...schedule.target import CpuTarget
+from .analysis import Operand, Unsupported, operand
+from .loops import Code, GenKernel, coalesce, function_name, signature
+
+
+def _batch_strides(op: Operand, out_batch: tuple[int, ...], tail: int) -> list[int]:
+    """Strides of op's leading dims broadcast onto out_batch (op has `tail` trailing dims)."""
+    lay = op.layout
+    nb = len(lay.shape) - tail
+    off = len(out_batch) - nb
+    out = []
+    for d, n in enumerate(out_batch):
+        j = d - off
+        out.append(0 if j < 0 or (lay.shape[j] == 1 and n != 1) else lay.strides[j])
+    return out
+
+
+def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    body = kernel.body
+    anchor = kernel.anchor_node
+    assert anchor is not None and anchor.op == "attention"
+    ops = [operand(body, v) for v in anchor.inputs]
+    q, k, v = ops[:3]
+    mask = ops[3] if len(ops) == 4 else None
+    if any(o.dtype != torch.float32 for o in (q, k, v)):
+        raise Unsupported("flash attention is generated for float32")
+    if mask is not None and mask.dtype not in (torch.float32, torch.bool):
+        raise Unsupported("attention mask dtype")
+    out_t = anchor.outputs[0].type
+    *batch, hq, L, E = q.layout.shape
+    hk, S = k.layout.shape[-3], k.layout.shape[-2]
+    Ev = v.layout.shape[-1]
+    batch = tuple(batch)
+    causal, scale = bool(anchor.attrs["causal"]), float(anchor.attrs["scale"])
+    group = hq // hk
+    # flatten the batch dims of q, k, v, mask and out into one
+    strides = [_batch_strides(q, batch, 3), _batch_strides(k, batch, 3), _batch_strides(v, batch, 3)]
+    if mask is not None:
+        mrank = len(mask.layout.shape)
+        full = batch + (hq, L, S)
+        mst = []
+        for d in range(len(full)):
+            j = d - (len(full) - mrank)
+            mst.append(0 if j < 0 or mask.layout.shape[j] == 1 else mask.layout.strides[j])
+        mask_tail = mst[-3:]
+        strides.append(mst[:-3])
+    out_bs = [math.prod(batch[d + 1:]) * hq * L * Ev for d in range(len(batch))]
+    strides.append(out_bs)
+    dims = coalesce(list(range(len(batch))), batch, [tuple(s) for s in strides])
+    if len(dims) > 1:
+        raise Unsupported("attention batch dims do not coalesce")
+    B = dims[0][0] if dims else 1
+    bst = dims[0][1] if dims else [0] * len(strides)
+    if B == 0 or hq == 0 or L == 0:
+        B = 0
+    qs, ks, vs = q.layout.strides[-3:], k.layout.strides[-3:], v.layout.strides[-3:]
+    shape = KernelShape("attention", outer=B * hq * max(1, math.ceil(L / 16)), inner=S,
+                        flops=4.0 * B * hq * L * S * E / (2 if causal else 1),
+                        bytes=4.0 * (B * hq * L * (E + Ev) + B * hk * S * (E + Ev)), head_dim=max(E, Ev),
+                        kv_len=S, q_len=L)
+    sched = configure(shape, target)
+    BQ, BK = sched.q_tile, sched.kv_tile
+    W = target.vector_floats
+    tiled = BK % (2 * W) == 0 and target.simd != "scalar"
+    pv_tiled = tiled and Ev % (2 * W) == 0 and vs[2] == 1
+    key = f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
+    name = function_name(key, sched, "a")
+    n_args = 1 + len(body.inputs) + len(body.outputs)
+    mtype = "bool" if mask is not None and mask.dtype == torch.bool else "float"
+
+    def render() -> str:
+        c = Code()
+        c.open(f"static int {name}({signature(n_args)})")
+        if B == 0:
+            c("return 0;")
+            c.close()
+            return c.text()
+        c("float* out = (float*)p0;")
+        c(f"const float* qg = (const float*)p{1 + q.buf} + {q.layout.offset};")
+        c(f"const float* kg = (const float*)p{1 + k.buf} + {k.layout.offset};")
+        c(f"const float* vg = (const float*)p{1 + v.buf} + {v.layout.offset};")
+        if mask is not None:
+            c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf} + {mask.layout.offset};")
+        nqb = math.ceil(L / BQ)
+        # tasks: (batch, head, chunk of query blocks); K^T is packed once per task
+        nchunk = max(1, min(nqb, -(-4 * sched.threads // max(1, B * hq))))
+        per = -(-nqb // nchunk)
+        total = B * hq * nchunk
+        if sched.threads > 1:
+            c(f"#pragma omp parallel for num_threads({sched.threads}) schedule(dynamic, 1)")
+        c.open(f"for (int64_t t = 0; t < {total}; t++)")
+        c(f"const int64_t ch = t % {nchunk}, bh = t / {nchunk}, h = bh % {hq}, b = bh / {hq}, hk = h / {group};")
+        c(f"const float* qp = qg + b * {bst[0]} + h * {qs[0]};")
+        c(f"const float* kp = kg + b * {bst[1]} + hk * {ks[0]};")
+        c(f"const float* vp = vg + b * {bst[2]} + hk * {vs[0]};")
+        if mask is not None:
+            c(f"const {mtype}* mp = mg + b * {bst[3]} + h * {mask_tail[0]};")
+        c(f"float* op = out + b * {bst[-1]} + h * {L * Ev};")
+        c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
+        c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
+        c(f"const int64_t kend = {'(iend < ' + str(S) + ' ? iend : ' + str(S) + ')' if causal else S};")
+        c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
+        c.open("for (int64_t j = 0; j < kend; j++)")
+        c(f"const float* kr = kp + j * {ks[1]};")
+        c(f"float* kc = ktb + (j / {BK}) * {E * BK} + j % {BK};")
+        c(f"for (int64_t e = 0; e < {E}; e++) kc[e * {BK}] = kr[e * {ks[2]}];")
+        c.close()
+        c.open("for (int64_t qb = qb0; qb < qb1; qb++)")
+        c(f"const int64_t i0 = qb * {BQ}, i1 = i0 + {BQ} < {L} ? i0 + {BQ} : {L}, nr = i1 - i0;")
+        c(f"alignas(64) float qs[{BQ}][{E}];")
+        c(f"alignas(64) float s[{BQ}][{BK}];")
+        c(f"alignas(64) float acc[{BQ}][{Ev}];")
+        c(f"float m[{BQ}], l[{BQ}];")
+        c.open("for (int64_t r = 0; r < nr; r++)")
+        c("m[r] = -__builtin_inff(); l[r] = 0.0f;")
+        c(f"for (int64_t e = 0; e < {Ev}; e++) acc[r][e] = 0.0f;")
+        c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = qp[(i0 + r) * {qs[1]} + e * {qs[2]}] * {scale!r}f;")
+        c.close()
+        c(f"const int64_t jend = {'(i1 < ' + str(S) + ' ? i1 : ' + str(S) + ')' if causal else S};")
+        c.open(f"for (int64_t j0 = 0; j0 < jend; j0 += {BK})")
+        c(f"const int64_t nj = jend - j0 < {BK} ? jend - j0 : {BK};")
+        c(f"const float* kt = ktb + (j0 / {BK}) * {E * BK};")
+        if tiled:
+            # register-blocked scores: 4 rows x 2 vectors of keys at a time
+            c("int64_t rq = 0;")
+            c(f"const int64_t njv = (nj + {2 * W - 1}) / {2 * W} * {2 * W};")
+            c(f"for (; rq + 6 <= nr; rq += 6) for (int64_t j = 0; j < njv; j += {2 * W}) "
+              f"nf_tile_qk<6>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+            c(f"for (; rq + 4 <= nr; rq += 4) for (int64_t j = 0; j < njv; j += {2 * W}) "
+              f"nf_tile_qk<4>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+            c(f"for (; rq < nr; rq++) for (int64_t j = 0; j < njv; j += {2 * W}) "
+              f"nf_tile_qk<1>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+        else:
+            c.open("for (int64_t r = 0; r < nr; r++)")
+            c("float* sr = s[r];")
+            c("#pragma omp simd")
+            c(f"for (int64_t j = 0; j < {BK}; j++) sr[j] = 0.0f;")
+            c.open(f"for (int64_t e = 0; e < {E}; e++)")
+            c("const float qv = qs[r][e];")
+            c(f"const float* kte = kt + e * {BK};")
+            c("#pragma omp simd")
+            c(f"for (int64_t j = 0; j < {BK}; j++) sr[j] += qv * kte[j];")
+            c.close()
+            c.close()
+        c.open("for (int64_t r = 0; r < nr; r++)")
+        c("float* sr = s[r];")
+        c("const int64_t i = i0 + r;")
+        if mask is not None:
+            c(f"const {mtype}* mr = mp + i * {mask_tail[1]} + j0 * {mask_tail[2]};")
+            c("#pragma omp simd")
+            if mtype == "bool":
+                c(f"for (int64_t j = 0; j < nj; j++) sr[j] = mr[j * {mask_tail[2]}] ? sr[j] : -__builtin_inff();")
+            else:
+                c(f"for (int64_t j = 0; j < nj; j++) sr[j] += mr[j * {mask_tail[2]}];")
+        if causal:
+            c("for (int64_t j = i - j0 + 1 > 0 ? i - j0 + 1 : 0; j < nj; j++) sr[j] = -__builtin_inff();")
+        c("float mx = m[r];")
+        c("#pragma omp simd reduction(max:mx)")
+        c("for (int64_t j = 0; j < nj; j++) mx = sr[j] > mx ? sr[j] : mx;")
+        c("const bool none = mx == -__builtin_inff();")
+        c("const float corr = m[r] == -__builtin_inff() ? 0.0f : nf_exp(m[r] - mx);")
+        c("float sum = 0.0f;")
+        c("#pragma omp simd reduction(+:sum)")
+        c.open("for (int64_t j = 0; j < nj; j++)")
+        c("const float pj = none ? 0.0f : nf_exp(sr[j] - mx);")
+        c("sr[j] = pj;")
+        c("sum += pj;")
+        c.close()
+        c("l[r] = l[r] * corr + sum;")
+        c("m[r] = mx;")
+        c("float* ar = acc[r];")
+        c("#pragma omp simd")
+        c(f"for (int64_t e = 0; e < {Ev}; e++) ar[e] *= corr;")
+        if not pv_tiled:
+            c.open("for (int64_t j = 0; j < nj; j++)")
+            c("const float pj = sr[j];")
+            c(f"const float* vr = vp + (j0 + j) * {vs[1]};")
+            c("#pragma omp simd")
+            c(f"for (int64_t e = 0; e < {Ev}; e++) ar[e] += pj * vr[e * {vs[2]}];")
+            c.close()
+        c.close()  # rows
+        if pv_tiled:
+            # register-blocked P V: 4 rows x 2 vectors of the head dim, V read in place (rows contiguous)
+            c(f"const float* vt = vp + j0 * {vs[1]};")
+            c("int64_t rp = 0;")
+            c(f"for (; rp + 6 <= nr; rp += 6) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
+              f"nf_tile_pv<6>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+            c(f"for (; rp + 4 <= nr; rp += 4) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
+              f"nf_tile_pv<4>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+            c(f"for (; rp < nr; rp++) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
+              f"nf_tile_pv<1>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+        c.close()  # key tiles
+        c.open("for (int64_t r = 0; r < nr; r++)")
+        c("const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;")
+        c(f"float* orow = op + (i0 + r) * {Ev};")
+        c("#pragma omp simd")
+        c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = acc[r][e] * inv;")
+        c.close()
+        c.close()  # query blocks
+        c.close()  # tasks
+        c("return 0;")
+        c.close()
+        return c.text()
+
+    del out_t
+    return GenKernel(name, n_args, render, sched, key)

@@ -1,0 +1,258 @@
+"""Matmul kernels on the nf_gemm library (codegen/cpu/gemm): one generated C function per kernel.
+
+The generated function calls `nf_sgemm_packed` (B is a constant: packed once at build time),
+`nf_sgemm` (B is an activation or a live parameter) or `nf_sgemm_batched` (batched operands
+whose batch dims coalesce), with the kernel's epilogue fused:
+
+* a leading bias add over the columns, then a GELU / SiLU / ReLU, go into the library's
+  register epilogue (`nf_epilogue.bias`, `.act`);
+* whatever else the epilogue computes (residual adds, a GELU written out as tanh arithmetic,
+  casts, extra outputs) is rendered as a tile function (`loops.render_tile_epilogue`) that the
+  library calls on every finished C tile while it is still in L1.
+
+C (the float32 result) is written into the kernel's output when the epilogue reads it only at
+the element it writes (in place), else into the program's scratch region. Returns None when
+the geometry or dtypes do not fit the library (the kernel then uses torch.matmul).
+
+Invariant: the function computes what the kernel body computes; operands are read through
+their strides (transposed weights are never copied), and packed B matches the target's build of
+nf_gemm (the library key includes it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...ir import OPS, Graph, Kernel, Node, Value
+from ...ir.types import TensorType, contiguous_strides
+from ...schedule.cpu import CpuSchedule
+from ...schedule.target import CpuTarget
+from .analysis import BodyInfo, Operand, Unsupported, analyze_body, operand
+from .cexpr import check_dtype
+from .loops import Code, GenKernel, body_dtypes, coalesce, function_name, render_tile_epilogue, signature, tile_maps
+
+ACT_CODES = {("gelu", "none"): 2, ("gelu", "tanh"): 3, ("silu", None): 4, ("relu", None): 1}
+GEMM_MIN_FLOPS_PER_THREAD = 2.0e5  # below this a GEMM runs on one thread
+
+
+@dataclass
+class GemmPlan:
+    gen: GenKernel
+    dst: str  # "direct" (output 0) | "inplace" (output `inplace`) | "scratch"
+    inplace: int | None
+    scratch: TensorType  # float32 C when dst == "scratch"
+    pack: Operand | None  # B operand packed at build time (a constant)
+
+
+@dataclass
+class _Geometry:
+    batch: int
+    M: int
+    N: int
+    K: int
+    a: tuple[int, int, int]  # (bs, rs, cs) element strides
+    b: tuple[int, int, int]
+    bs_c: int
+    batched: bool
+
+
+def _broadcast_batch(op: Operand, out_batch: tuple[int, ...]) -> list[int]:
+    lay = op.layout
+    nb = len(lay.shape) - 2
+    off = len(out_batch) - nb
+    strides = []
+    for d, n in enumerate(out_batch):
+        j = d - off
+        if j < 0 or (lay.shape[j] == 1 and n != 1):
+            strides.append(0)
+        else:
+            strides.append(lay.strides[j])
+    return strides
+
+
+def _geometry(a: Operand, b: Operand, out: TensorType) -> _Geometry | None:
+    M, K = a.layout.shape[-2:]
+    N = out.shape[-1]
+    out_batch = out.shape[:-2]
+    a_st, b_st = a.layout.strides, b.layout.strides
+    b_batched = any(s != 1 for s in b.layout.shape[:-2])
+    if not b_batched:
+        # shared B: the rows of every batch entry of A stack into one M
+        a_full = a.layout
+        if len(a_full.shape) - 2 != len(out_batch) or tuple(a_full.shape[:-2]) != tuple(out_batch):
+            return None
+        dims = coalesce(list(range(len(a_full.shape) - 1)), a_full.shape, [a_full.strides])
+        if len(dims) > 1:
+            return None
+        rs = dims[0][1][0] if dims else 0
+        rows = math.prod(a_full.shape[:-1])
+        return _Geometry(1, rows, N, K, (0, rs, a_st[-1]), (0, b_st[-2], b_st[-1]), 0, False)
+    sa, sb = _broadcast_batch(a, out_batch), _broadcast_batch(b, out_batch)
+    sc = list(contiguous_strides(tuple(out.shape)))[:-2]
+    space = tuple(out_batch)
+    dims = coalesce(list(range(len(space))), space, [tuple(sa), tuple(sb), tuple(sc)])
+    if len(dims) > 1:
+        return None
+    batch = dims[0][0] if dims else 1
+    bsa, bsb, bsc = dims[0][1] if dims else (0, 0, 0)
+    return _Geometry(batch, M, N, K, (bsa, a_st[-2], a_st[-1]), (bsb, b_st[-2], b_st[-1]), bsc, True)
+
+
+def _substitute(body: Graph, node: Node, repl: Value) -> Graph:
+    """`body` without `node`, its output replaced by `repl`."""
+    old = node.outputs[0]
+    nodes = []
+    for n in body.nodes:
+        if n is node:
+            continue
+        if old in n.inputs:
+            n = n.with_inputs([repl if v is old else v for v in n.inputs])
+        nodes.append(n)
+    return Graph(body.inputs, nodes, [repl if v is old else v for v in body.outputs])
+
+
+def _sole_consumer(body: Graph, v: Value) -> Node | None:
+    users = body.users(v)
+    if len(users) != 1 or v in body.outputs:
+        return None
+    return users[0]
+
+
+def _peel(epi: Graph, space: tuple[int, ...]) -> tuple[Graph, int | None, int, int]:
+    """Move a leading column-bias add and activation into the library's register epilogue.
+    Returns (remaining epilogue, bias body-input index (epilogue input - 1), bias offset, act code)."""
+    anchor = epi.inputs[0].value
+    bias_buf, bias_off, act = None, 0, 0
+    n = _sole_consumer(epi, anchor)
+    if n is not None and n.op == "add" and n.outputs[0].type == anchor.type:
+        other = n.inputs[1] if n.inputs[0] is anchor else n.inputs[0]
+        if other is not anchor and other.type.dtype == torch.float32:
+            try:
+                info = analyze_body(Graph(epi.inputs, epi.nodes, [other]), space)
+            except Unsupported:
+                info = None
+            lf = info.leaves.get(other) if info is not None else None
+            want = tuple([0] * (len(space) - 1) + [1 if space[-1] != 1 else 0])
+            if lf is not None and lf.kind == "load" and lf.buf > 0 and lf.strides == want:
+                bias_buf, bias_off = lf.buf - 1, lf.offset
+                epi = _substitute(epi, n, anchor)
+    n = _sole_consumer(epi, anchor)
+    if n is not None and n.outputs[0].type == anchor.type:
+        code = ACT_CODES.get((n.op, n.attrs.get("approximate") if n.op == "gelu" else None))
+        if code is not None:
+            act = code
+            epi = _substitute(epi, n, anchor)
+    return epi, bias_buf, bias_off, act
+
+
+def _is_anchor_store(epi: Graph) -> bool:
+    """Is the epilogue just 'output = the matmul result' (possibly reshaped)?"""
+    if len(epi.outputs) != 1:
+        return False
+    producer = {o: n for n in epi.nodes for o in n.outputs}
+    v = epi.outputs[0]
+    while v in producer and producer[v].op == "reshape":
+        v = producer[v].inputs[0]
+    return v is epi.inputs[0].value and not any(
+        not OPS[n.op].has("view") and not OPS[n.op].has("generator") for n in epi.nodes)
+
+
+def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozenset[int]) -> GemmPlan | None:
+    body = kernel.body
+    anchor = kernel.anchor_node
+    assert anchor is not None and anchor.op == "matmul"
+    a_t = anchor.outputs[0].type
+    try:
+        a, b = operand(body, anchor.inputs[0]), operand(body, anchor.inputs[1])
+    except Unsupported:
+        return None
+    geo = _geometry(a, b, a_t)
+    if geo is None or geo.K == 0 or a.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    packed = b.buf in const_bufs and not geo.batched and b.dtype in (torch.float32, torch.bfloat16)
+    if not packed and (a.dtype != torch.float32 or b.dtype != torch.float32):
+        return None
+    for o in body.outputs:
+        check_dtype(o.type.dtype)
+    epi, bias_buf, bias_off, act = _peel(epi, a_t.shape)
+    space = a_t.shape
+    rank = len(space)
+    if geo.batched:
+        batch_dims, row_dims = list(range(rank - 2)), [rank - 2]
+    else:
+        batch_dims, row_dims = [], list(range(rank - 1))
+    col_dim = rank - 1
+    ins, outs = body_dtypes(epi)
+    ins[0] = torch.float32  # C is float32 whatever the anchor's dtype
+    tile: tuple[str, BodyInfo] | None = None
+    direct = _is_anchor_store(epi) and epi.outputs[0].type.dtype == torch.float32
+    inplace = None
+    if not direct:
+        info = analyze_body(epi, space)
+        identity = tuple(0 if n == 1 else s for n, s in zip(space, contiguous_strides(space), strict=True))
+        for lf in info.leaves.values():
+            if lf.kind == "load" and lf.buf == 0 and (lf.strides != identity or lf.offset != 0):
+                raise Unsupported("epilogue reads the matmul result at another element")
+        leaves = [lf for lf in info.leaves.values() if lf.kind != "const"]
+        tile_maps(info, batch_dims, row_dims, col_dim, [(lf.strides, lf.offset) for lf in leaves]
+                  + [(s.strides, s.offset) for s in info.stores])
+        tile = ("", info)
+        for st in info.stores:
+            o = epi.outputs[st.buf]
+            if o.type.dtype == torch.float32 and o.type.numel == a_t.numel and st.strides == identity:
+                inplace = st.buf
+                break
+    flops = 2.0 * geo.batch * geo.M * geo.N * geo.K
+    threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
+    sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
+    desc = (f"gemm|{geo}|packed={packed}|bias={bias_buf},{bias_off}|act={act}|direct={direct}|inplace={inplace}"
+            f"|{a.layout}|{b.layout}")
+    key = kernel.structural_key + "|" + desc
+    name = function_name(key, sched, "m")
+    n_in, n_out = len(body.inputs), len(body.outputs)
+    n_args = 1 + n_in + n_out + (1 if packed else 0)
+    dst = "direct" if direct else ("inplace" if inplace is not None else "scratch")
+    a_ptr = f"((const {'float' if a.dtype == torch.float32 else 'uint16_t'}*)p{1 + a.buf} + {a.layout.offset})"
+    tile_name = name + "_tile"
+
+    def render() -> str:
+        code = Code()
+        text = ""
+        if tile is not None:
+            text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim)
+        code.open(f"static int {name}({signature(n_args)})")
+        if geo.M == 0 or geo.N == 0 or geo.batch == 0:
+            code("return 0;")
+            code.close()
+            return text + code.text()
+        code(f"void* ctx[{n_args}] = {{{', '.join(f'p{i}' for i in range(n_args))}}};")
+        bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None else "nullptr"
+        tfn = tile_name if tile is not None else "nullptr"
+        code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx}};")
+        c_ptr = "(float*)p0"
+        if packed:
+            bp = f"(const float*)p{n_args - 1}"
+            if a.dtype == torch.bfloat16:
+                code(f"nf_gemm_bf16_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {bp}, "
+                     f"{c_ptr}, {geo.N}, 0, &ep, {threads});")
+            else:
+                code(f"nf_sgemm_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {bp}, {c_ptr}, "
+                     f"{geo.N}, 0, &ep, {threads});")
+        else:
+            b_ptr = f"((const float*)p{1 + b.buf} + {b.layout.offset})"
+            if geo.batched:
+                code(f"nf_sgemm_batched({geo.batch}, {geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[0]}, {geo.a[1]}, "
+                     f"{geo.a[2]}, {b_ptr}, {geo.b[0]}, {geo.b[1]}, {geo.b[2]}, {c_ptr}, {geo.bs_c}, {geo.N}, 0, &ep, "
+                     f"{threads});")
+            else:
+                code(f"nf_sgemm({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {b_ptr}, {geo.b[1]}, "
+                     f"{geo.b[2]}, {c_ptr}, {geo.N}, 0, &ep, {threads});")
+        code("return 0;")
+        code.close()
+        return text + code.text()
+
+    gen = GenKernel(name, n_args, render, sched, key)
+    return GemmPlan(gen, dst, inplace, TensorType(tuple(a_t.shape), torch.float32), b if packed else None)
