@@ -80,7 +80,11 @@ class CompiledModule:
         return getattr(fn, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            # fast path (no pytree work): positional plain tensors; keyed apart from the general path
+            flat, spec = list(args), len(args)
+        else:
+            flat, spec = pytree.tree_flatten((args, kwargs))
         key = (spec, _signature(flat), torch.is_grad_enabled())
         entry = self._programs.get(key)
         if entry is not None and not entry.frozen_still_valid():
@@ -126,6 +130,8 @@ class _Entry:
         self.n_out = len(g.outputs)
         self.mut_targets = self._mutation_targets(g)
         self.frozen = [(t, t._version) for t in self.captured.frozen]
+        spec = self.captured.out_spec
+        self.out_is_leaf = self.n_out == 1 and spec is not None and spec.is_leaf()
 
     def frozen_still_valid(self) -> bool:
         return all(t._version == v for t, v in self.frozen)
@@ -150,10 +156,13 @@ class _Entry:
         else:
             outs = self.stats.program.run(bound)
         results, new_vals = outs[: self.n_out], outs[self.n_out:]
-        with torch.no_grad():
-            for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):
-                dst = tensors[i] if kind == "user" else refs[i]
-                dst.copy_(val)
+        if self.mut_targets:
+            with torch.no_grad():
+                for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):
+                    dst = tensors[i] if kind == "user" else refs[i]
+                    dst.copy_(val)
+        if self.out_is_leaf:
+            return results[0]
         return pytree.tree_unflatten(list(results), self.captured.out_spec)
 
 

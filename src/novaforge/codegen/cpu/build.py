@@ -113,3 +113,27 @@ def compile_library(sources: list[str], out_path: Path, target: CpuTarget, workd
     for o in objs:
         o.unlink(missing_ok=True)
     return out_path
+
+
+def vectorization_report(source: str, target: CpuTarget, workdir: Path) -> dict[int, bool]:
+    """{line of every loop under `#pragma omp simd`: did the compiler vectorize it?} (from GCC's
+    -fopt-info-vec report; used by tests and `NOVAFORGE_DEBUG` dumps to check the hot loops)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cpp = workdir / "vec_report.cpp"
+    source = source.replace("static int nf_", "__attribute__((used)) static int nf_")  # keep unreferenced kernels
+    cpp.write_text(source)
+    r = subprocess.run([compiler(), *compile_flags(target), "-fopt-info-vec-optimized", "-c", str(cpp), "-o",
+                        os.devnull], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(r.stderr[:4000])
+    vectorized = set()
+    for line in r.stderr.splitlines():
+        if "loop vectorized" in line and line.startswith(str(cpp)):
+            vectorized.add(int(line[len(str(cpp)) + 1:].split(":")[0]))
+    lines = source.splitlines()
+    out = {}
+    for i, text in enumerate(lines):
+        if text.strip().startswith("#pragma omp simd") and i + 1 < len(lines):
+            loop = i + 2  # 1-based line of the loop; GCC reports a vectorized loop at its first statements
+            out[loop] = any(ln in vectorized for ln in range(loop, loop + 3))
+    return out

@@ -29,7 +29,7 @@ STORAGE: dict[torch.dtype, str] = {
     torch.int16: "int16_t",
     torch.int8: "int8_t",
     torch.uint8: "uint8_t",
-    torch.bool: "bool",
+    torch.bool: "uint8_t",  # bools are bytes in memory (a C++ `bool` load blocks GCC's vectorizer)
 }
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -42,6 +42,8 @@ def check_dtype(dtype: torch.dtype) -> None:
 
 def compute_type(dtype: torch.dtype) -> str:
     check_dtype(dtype)
+    if dtype == torch.bool:
+        return "bool"
     return "float" if dtype in FLOATS else STORAGE[dtype]
 
 
@@ -56,6 +58,8 @@ def load_expr(ptr_elem: str, dtype: torch.dtype) -> str:
         return f"nf_bf16_load({ptr_elem})"
     if dtype == torch.float16:
         return f"(float){ptr_elem}"
+    if dtype == torch.bool:
+        return f"({ptr_elem} != 0)"
     return ptr_elem
 
 
@@ -65,6 +69,8 @@ def store_expr(value: str, dtype: torch.dtype) -> str:
         return f"nf_bf16_store({value})"
     if dtype == torch.float16:
         return f"(_Float16)({value})"
+    if dtype == torch.bool:
+        return f"(uint8_t)({value})"
     return value
 
 
