@@ -51,7 +51,6 @@ NF_INLINE vf vpow2i(vi n) {  // 2^n as float bits, n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
 }
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
-NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
 }  // namespace nfs
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -89,7 +88,6 @@ NF_INLINE vf vpow2i(vi n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
 }
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
-NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
 }  // namespace nfs
 
 #else
@@ -133,7 +131,6 @@ NF_INLINE vf vround(vf a) {
 NF_INLINE vi vcvt_i32(vf a) { return __builtin_convertvector(a, vi); }
 NF_INLINE vf vpow2i(vi n) { return (vf)((n + 127) << 23); }
 NF_INLINE void vprefetch(const void* p) { __builtin_prefetch(p); }
-NF_INLINE void vprefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 }  // namespace nfs
 #endif
 
