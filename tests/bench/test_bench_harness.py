@@ -72,7 +72,7 @@ def test_aggregate_medians_ratios_losses_and_setups():
     assert nf["setup_cold_s"] == 5.0 and nf["setup_warm_s"] == 1.0
     assert nf["loss_diff_first_step"] == pytest.approx(2e-5, rel=1e-3)
     assert nf["loss_diff_max"] == pytest.approx(1e-4, rel=1e-3)
-    assert nf["peak_mem_mb"] == 101.0 and nf["metrics"] == {"kernels": 3}
+    assert nf["peak_mem_mb"] == 101.0 and nf["metrics"] == {"kernels": 3} and nf["backends"] == [None, None]
     assert tc["status"] == "failed" and tc["reason"] == "boom" and tc["failed_processes"] == 2
 
 

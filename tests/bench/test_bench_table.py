@@ -25,7 +25,7 @@ def payload():
     rows = [
         _ok("gpt2 b1 s128", "eager", "inference", 148.0, speedup_vs_eager=1.0),
         _ok("gpt2 b1 s128", "novaforge", "inference", 3300.0, speedup_vs_eager=148 / 3300, setup_cold_s=4.6,
-            setup_warm_s=4.5, metrics=METRICS, capped=True, calls=12),
+            setup_warm_s=4.5, metrics=METRICS, capped=True, calls=12, backends=["interpret", "cpu"]),
         {"case": "gpt2 b1 s128", "runner": "openvino", "kind": "inference", "status": "skipped",
          "reason": "package 'openvino' is not installed (pip install -e .[bench])"},
         {"case": "gpt2 b1 s128", "runner": "onnxruntime", "kind": "inference", "status": "failed",
@@ -56,6 +56,7 @@ def test_tables_are_well_formed_and_complete():
     assert "failed: RuntimeError: export / broke" in text  # a '|' in a reason must not break the table
     assert "time budget: 12 of ? calls" in text
     assert "cold 4.60 / warm 4.50" in text
+    assert "processes ran different backends: interpret / cpu" in text
     assert "0.04x" in text and "1.06x" in text
     assert "4.0e-07 / 9.0e-07" in text
     assert "load average during the run 0.5–9.0" in text and "WARNING: the load exceeded the 2 cores" in text

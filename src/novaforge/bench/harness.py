@@ -283,6 +283,8 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
             s[f"setup_{state}_s"] = median(vals) if vals else None
     if "metrics" in first:
         s["metrics"] = first["metrics"]
+        # the backend `auto` resolved to, per process: a tree that changed between passes shows here
+        s["backends"] = [(r.get("metrics") or {}).get("backend") for _, r in got]
     if first.get("tokens_per_call"):
         s["tokens_per_s"] = first["tokens_per_call"] / (s["median_ms"] / 1e3)
     if first.get("flops"):

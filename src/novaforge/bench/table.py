@@ -53,6 +53,8 @@ def _note(r: dict[str, Any]) -> str:
         notes.append(f"time budget: {r['calls']} of {r.get('planned_calls', '?')} calls")
     if r.get("failed_processes"):
         notes.append(f"{r['failed_processes']} process(es) failed: {r.get('reason', '')}")
+    if len(set(r.get("backends") or [])) > 1:
+        notes.append(f"processes ran different backends: {' / '.join(map(str, r['backends']))}")
     if r.get("energy_j_per_call") is not None:
         notes.append(f"{fmt_num(r['energy_j_per_call'])} J/call")
     return "; ".join(notes).replace("|", "/")
