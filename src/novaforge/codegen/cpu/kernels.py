@@ -32,6 +32,7 @@ from .analysis import Operand, Unsupported, analyze_body, body_space, operand
 from .attention import plan_flash_attention
 from .cexpr import check_dtype
 from .loops import (
+    EXPENSIVE_OPS,
     GenKernel,
     body_dtypes,
     function_name,
@@ -73,8 +74,6 @@ def _cost(body: Graph) -> tuple[float, float]:
     return flops, float(nbytes)
 
 
-_EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "silu", "erf", "gelu", "sin",
-              "cos", "pow", "tan", "asin", "acos", "atan", "sinh", "cosh", "atan2"}
 
 
 def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, axes=None, tag: str = "k") -> GenKernel:
@@ -95,7 +94,7 @@ def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, 
                 raise Unsupported("max/min over an empty axis (torch raises)")
         rows, inner, red, inner_reduced = reduction_loops(info)
         n_red = sum(1 for n in info.computed if OPS[n.op].has("reduction"))
-        expensive = any(n.op in _EXPENSIVE for n in info.computed) and n_red > 1
+        expensive = any(n.op in EXPENSIVE_OPS for n in info.computed) and n_red > 1
         shape = KernelShape("reduction", outer=rows, inner=inner, reduce=red, inner_reduced=inner_reduced,
                             flops=flops, bytes=nbytes, passes=n_red + 1, expensive_cross_pass=expensive)
         sched = configure(shape, target)

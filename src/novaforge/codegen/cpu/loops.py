@@ -401,6 +401,9 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
             out.add(v)
         return out
 
+    cache = _choose_row_cache(info, reductions, sched, rdims)
+    if cache is not None:
+        code(f"alignas(64) float rc[{rdims[0][0]}];")
     emit_summaries()
     pending = list(reductions)
     while pending:
@@ -422,7 +425,7 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
             clauses = " ".join(f"reduction({_CLAUSE[r.op]}:{a})" for r, a in zip(row_red, accs, strict=True))
             _row_pass(code, info, vals, rdims, base, leaves, leaf_index, [r.inputs[0] for r in row_red], clauses,
                       lambda xs, accs=accs, row_red=row_red: [
-                          _acc_update(r.op, a, x) for r, a, x in zip(row_red, accs, xs, strict=True)])
+                          _acc_update(r.op, a, x) for r, a, x in zip(row_red, accs, xs, strict=True)], cache=cache)
             for r, a in zip(row_red, accs, strict=True):
                 vals.names[r.outputs[0]] = a
                 emitted.add(r.outputs[0])
@@ -450,7 +453,7 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
             return f"c{k}" if len(rdims) > 1 else base[k].name
 
         _row_pass(code, info, vals, rdims, base, leaves, leaf_index, [s.value for _, s in row_stores], "", stores,
-                  extra_accesses=[len(leaves) + k for k, _ in row_stores])
+                  extra_accesses=[len(leaves) + k for k, _ in row_stores], cache=cache)
     del producer
     code.close()
     code("return 0;")
@@ -458,17 +461,48 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
     return code.text()
 
 
+EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "silu", "erf", "gelu", "sin", "cos",
+              "pow", "tan", "asin", "acos", "atan", "sinh", "cosh", "atan2"}
+
+
+def _choose_row_cache(info: BodyInfo, reductions: list[Node], sched: CpuSchedule, rdims) -> dict | None:
+    """The row value to keep across passes: a float row value with a transcendental in its cone
+    that two or more passes read (softmax's exp(x - max)); only when the schedule allots a row
+    buffer and the reduced dims form one loop."""
+    if not sched.row_cache or len(rdims) != 1 or rdims[0][0] > sched.row_cache:
+        return None
+    is_row = info.is_row
+    pass_roots = [[r.inputs[0]] for r in reductions if is_row(r.inputs[0])]
+    pass_roots.append([s.value for s in info.stores if is_row(s.value)])
+    cones = [{n.outputs[0] for n in _cone(info, roots, lambda v: not is_row(v) or v in info.leaves)}
+             for roots in pass_roots if roots]
+    best = None
+    for n in info.computed:
+        o = n.outputs[0]
+        if OPS[n.op].has("reduction") or not is_row(o) or compute_type(o.type.dtype) != "float":
+            continue
+        if sum(1 for c in cones if o in c) < 2:
+            continue
+        if any(m.op in EXPENSIVE_OPS for m in _cone(info, [o], lambda v: not is_row(v) or v in info.leaves)):
+            best = o  # the latest such value covers the most work
+    return {"value": best, "stored": False} if best is not None else None
+
+
 def _inner_stride(rdims, k: int) -> int:
     return rdims[-1][1][k] if rdims else 0
 
 
 def _row_pass(code: Code, info: BodyInfo, vals: _Values, rdims, base: list[Access], leaves: list[Value],
-              leaf_index: dict[Value, int], roots: list[Value], clauses: str, finish, extra_accesses=()) -> None:
+              leaf_index: dict[Value, int], roots: list[Value], clauses: str, finish, extra_accesses=(),
+              cache: dict | None = None) -> None:
     """One pass over a row: loops over the reduced dims (the innermost vectorized), evaluating
-    the row values `roots` and emitting `finish(root names)` lines inside the inner loop."""
+    the row values `roots` and emitting `finish(root names)` lines inside the inner loop.
+    `cache` ({"value": v, "stored": bool}): the first pass that computes v keeps it in the row
+    buffer `rc`, later passes read it back instead of recomputing its cone."""
     is_row = info.is_row
-    cone = _cone(info, roots, lambda v: not is_row(v) or v in info.leaves)
-    row_leaves = [v for v in _leaves_in(info, roots, lambda v: not is_row(v)) if v in leaf_index]
+    cached = cache["value"] if cache is not None and cache["stored"] else None
+    cone = _cone(info, roots, lambda v: not is_row(v) or v in info.leaves or v is cached)
+    row_leaves = [v for v in _leaves_in(info, roots, lambda v: not is_row(v) or v is cached) if v in leaf_index]
     used = [leaf_index[v] for v in row_leaves] + list(extra_accesses)
     outer_r = rdims[:-1]
     inner_n = rdims[-1][0] if rdims else 1
@@ -490,8 +524,15 @@ def _row_pass(code: Code, info: BodyInfo, vals: _Values, rdims, base: list[Acces
         ln = vals.fresh("l")
         code(f"const {compute_type(lf.dtype)} {ln} = {expr};")
         vals.names[v] = ln
+    if cached is not None and (any(info.resolve(x) is cached for n in cone for x in n.inputs)
+                               or any(info.resolve(r) is cached for r in roots)):
+        vals.names[cached] = vals.fresh("rcv")
+        code(f"const float {vals.names[cached]} = rc[i];")
     for n in cone:
         vals.emit_node(n)
+        if cache is not None and not cache["stored"] and n.outputs[0] is cache["value"]:
+            code(f"rc[i] = {vals.names[n.outputs[0]]};")
+            cache["stored"] = True
     for line in finish([vals.names[info.resolve(r)] for r in roots]):
         code(line)
     vals.names = saved
