@@ -254,7 +254,7 @@ def bench_bmm(batch: int, threads: int, rounds: int, burst_s: float, pause_s: fl
                 time.sleep(pause_s)
                 samples[name].append(time_burst(calls[name], burst_s))
         flops = 2.0 * batch * 128 * N * K
-        med = {n: statistics.median(x) for n, x in samples.items()}
+        med = {n: CENTER(x) for n, x in samples.items()}
         lines.append(f"| {label}: {batch} x 128 x {K} x {N} | " + " | ".join(
             f"{flops / med[n] / 1e9:.1f}" for n in calls) + f" | {med['torch.bmm'] / med['nf']:.2f} |")
     return lines
@@ -304,7 +304,7 @@ def bench_epilogue(threads: int, rounds: int, burst_s: float, pause_s: float) ->
                 time.sleep(pause_s)
                 samples[name].append(time_burst(calls[name], burst_s))
         lines.append(f"| {label} (128 x {K} x {N}) | " + ", ".join(
-            f"{n} {statistics.median(v) * 1e3:.3f}" for n, v in samples.items()) + " |")
+            f"{n} {CENTER(v) * 1e3:.3f}" for n, v in samples.items()) + " |")
     return lines
 
 
