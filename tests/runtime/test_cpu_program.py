@@ -122,3 +122,15 @@ def test_program_slots_never_overlap_while_live():
             (a0, a1), (b0, b1) = plan.intervals[v], plan.intervals[u]
             if a0 <= b1 and b0 <= a1:
                 assert off + v.type.nbytes <= off2 or off2 + u.type.nbytes <= off
+
+
+def test_profile_option_times_every_launch():
+    x, w = torch.randn(6, 16), torch.randn(16, 16)
+    c = novaforge.compile(_chain, backend="cpu", freeze=True, profile=True)
+    with torch.no_grad():
+        c(x, w)
+        c(x, w)
+    prof = c.stats().program.profile()
+    n_kernels = sum(1 for n in c.stats().graph.nodes if n.op == "kernel")
+    assert len(prof) >= n_kernels
+    assert all(t >= 0 for _, t in prof) and sum(t for _, t in prof) > 0

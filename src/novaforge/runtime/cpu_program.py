@@ -219,6 +219,17 @@ class CpuProgram:
             t = OPS[n.op].impl([t], n.attrs)
         return t
 
+    def profile(self) -> list[tuple[str, float]]:
+        """(kernel, total seconds) per generated launch, for programs built with options
+        profile=True (each launch in the glue is timed with omp_get_wtime)."""
+        labels = self.info.get("launch_labels") or []
+        if self.lib is None or not labels:
+            return []
+        fn = self.lib.nf_profile
+        fn.restype = ctypes.POINTER(ctypes.c_double)
+        arr = fn()
+        return [(lab, arr[i]) for i, lab in enumerate(labels)]
+
     def describe(self) -> str:
         kinds: dict[str, int] = {}
         for st in self.steps:

@@ -76,6 +76,8 @@ class CpuBackend:
         key = f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}"
         p = self._plans.get(key)
         if p is None:
+            if len(self._plans) > 4096:  # a long-running process compiling many graphs
+                self._plans.clear()
             p = plan_kernel(kernel, target, const_bufs)
             self._plans[key] = p
         return p
@@ -97,6 +99,8 @@ class CpuBackend:
         current: list[tuple[str, list[int]]] = []
         counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
         use_packing = bool(options.get("pack_weights", True))
+        profile = bool(options.get("profile", False))
+        launch_labels: list[str] = []
         fallbacks: list[str] = []
 
         def flush() -> None:
@@ -130,12 +134,14 @@ class CpuBackend:
                     args.append(layout.packed(n.inputs[gp.pack.buf], gp.pack))
                 gens[plan.gen.fn] = plan.gen
                 current.append((plan.gen.fn, args))
+                launch_labels.append(kernel.name)
                 counts["generated"] += 1
                 counts["gemm"] += 1
             elif plan.kind == "gen":
                 assert plan.gen is not None
                 gens[plan.gen.fn] = plan.gen
                 current.append((plan.gen.fn, ins + outs))
+                launch_labels.append(kernel.name)
                 counts["generated"] += 1
             elif plan.kind in ("matmul", "attention"):
                 assert plan.anchor_type is not None
@@ -148,6 +154,7 @@ class CpuBackend:
                 if plan.anchor_gen is not None:
                     gens[plan.anchor_gen.fn] = plan.anchor_gen
                     current.append((plan.anchor_gen.fn, [dst] + ins + outs))
+                    launch_labels.append(kernel.name)
                     counts["generated"] += 1
                 else:
                     flush()
@@ -160,6 +167,7 @@ class CpuBackend:
                 if plan.gen is not None:
                     gens[plan.gen.fn] = plan.gen
                     current.append((plan.gen.fn, [dst] + ins + outs))
+                    launch_labels.append(kernel.name + " (epilogue)")
                     counts["generated"] += 1
             else:
                 flush()
@@ -167,21 +175,24 @@ class CpuBackend:
                 counts["torch"] += 1
                 fallbacks.append(f"{kernel.name}: {plan.reason}")
         flush()
+        layout.pack_all(target.threads)
         outputs = [layout.output_spec(v) for v in list(graph.outputs) + [new for _, new in graph.mutations]]
         t1 = time.perf_counter()
         lib, how, key = (None, "none", "")
         if segments:
-            lib, how, key = self._library(target, gens, segments, uses_gemm=counts["gemm"] > 0)
+            lib, how, key = self._library(target, gens, segments, uses_gemm=counts["gemm"] > 0, profile=profile)
         t2 = time.perf_counter()
-        info = {"library_key": key, "cache": how, "plan_s": t1 - t0, "library_s": t2 - t1,
+        src_dir = str(library_cache("cpu").entry_dir(key) / "src") if key else ""
+        info = {"library_key": key, "cache": how, "source_dir": src_dir, "plan_s": t1 - t0, "library_s": t2 - t1,
                 "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
+                "launch_labels": launch_labels if profile else [],
                 "target": target.describe()}
         return CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
 
     def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
                  segments: list[tuple[str, list[tuple[str, list[int]]]]],
-                 uses_gemm: bool) -> tuple[ctypes.CDLL, str, str]:
-        glue = _glue(gens, segments)
+                 uses_gemm: bool, profile: bool = False) -> tuple[ctypes.CDLL, str, str]:
+        glue = _glue(gens, segments, profile)
         cxx = compiler()
         extra, link, gemm_key = ["-fvisibility=hidden"], [], ""
         if uses_gemm:
@@ -216,15 +227,29 @@ class CpuBackend:
         return lib, how, key
 
 
-def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]]) -> str:
-    lines = []
+def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]],
+          profile: bool = False) -> str:
+    """Entry points `nf_seg_<i>(void** slots)`; with `profile`, each call's wall time is added to
+    `nf_prof[launch]` (read with `nf_profile()`)."""
+    lines = ["#include <omp.h>"] if profile else []
     for fn, g in sorted(gens.items()):
         lines.append(f'extern "C" int {fn}({", ".join(["void*"] * g.n_args)});')
+    n_launch = sum(len(c) for _, c in segments)
+    if profile:
+        lines.append(f"static double nf_prof[{max(n_launch, 1)}];")
+        lines.append(f"{EXPORT} double* nf_profile() {{ return nf_prof; }}")
+    k = 0
     for name, calls in segments:
         lines.append(f"{EXPORT} int {name}(void** s) {{")
         lines.append("  int rc;")
         for fn, args in calls:
-            lines.append(f"  if ((rc = {fn}({', '.join(f's[{a}]' for a in args)}))) return rc;")
+            call = f"{fn}({', '.join(f's[{a}]' for a in args)})"
+            if profile:
+                lines.append(f"  {{ double t0 = omp_get_wtime(); rc = {call}; nf_prof[{k}] += omp_get_wtime() - t0; "
+                             "if (rc) return rc; }")
+            else:
+                lines.append(f"  if ((rc = {call})) return rc;")
+            k += 1
         lines.append("  return 0;")
         lines.append("}")
     return "\n".join(lines) + "\n"
@@ -263,6 +288,7 @@ class _Layout:
         self._input_pos: dict[Value, int] = {}
         self._const: dict[Value, Any] = {}
         self._packed: dict[tuple, int] = {}
+        self._to_pack: list[tuple[torch.Tensor, torch.Tensor]] = []
         pos = 0
         for gi in graph.inputs:
             if gi.kind == "const":
@@ -306,17 +332,41 @@ class _Layout:
         return s
 
     def packed(self, v: Value, op: Any) -> int:
-        """A constant slot holding B packed for nf_gemm (once per weight and view)."""
+        """A constant slot holding B packed for nf_gemm (once per weight and view; the packing
+        itself runs in `pack_all`)."""
         key = (v, op.layout)
         if key not in self._packed:
-            from . import gemm
+            from .gemm import ops
 
             t = self._const[v]
             view = t.as_strided(op.layout.shape, op.layout.strides, t.storage_offset() + op.layout.offset)
-            data = gemm.pack_b(view).data
+            K, N = view.shape
+            data = torch.empty(max(int(ops.lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
+            self._to_pack.append((view, data))
             self._packed[key] = self._add(SlotSpec("const", TensorType(tuple(data.shape), torch.float32),
                                                    tensor=data))
         return self._packed[key]
+
+    def pack_all(self, threads: int) -> None:
+        """Pack every queued weight (the C packing routine releases the GIL: threads share it)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .gemm import ops
+
+        def pack(item: tuple[torch.Tensor, torch.Tensor]) -> None:
+            b, out = item
+            K, N = b.shape
+            if K and N:
+                fn = ops.lib().nf_sgemm_pack_b_bf16 if b.dtype == torch.bfloat16 else ops.lib().nf_sgemm_pack_b
+                fn(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+
+        if threads > 1 and len(self._to_pack) > 1:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(pack, self._to_pack))
+        else:
+            for item in self._to_pack:
+                pack(item)
+        self._to_pack.clear()
 
     def scratch(self, t: TensorType) -> int:
         """A slot at the start of the shared scratch region (one library result at a time)."""
