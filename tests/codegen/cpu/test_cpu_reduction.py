@@ -92,3 +92,21 @@ def test_row_cache_softmax_long_rows():
     (node,) = [n for n in c.stats().graph.nodes if n.op == "kernel"]
     src = be.plan(node.attrs["kernel"]).gen.render()
     assert "rc[i] = " in src, "exp(x - max) should be kept in the row buffer, not recomputed"
+
+
+def test_column_order_reductions():
+    """Reductions whose innermost dim is kept vectorize across neighbouring rows ("column" order)."""
+    from novaforge.codegen.registry import get_backend
+
+    def f(a, b):
+        mu = a.mean(1, keepdim=True)
+        var = ((a - mu) ** 2).mean(1, keepdim=True)
+        return torch.softmax(b, 0), (a - mu) * torch.rsqrt(var + 1e-5), a.amax(1)
+
+    a, b = _r(4, 33, 70), _r(9, 130)
+    c, _ = check(f, a, b)
+    check(lambda x: x.to(torch.bfloat16).sum(0), b, atol=3e-2, rtol=1e-2)
+    be = get_backend("cpu")
+    orders = [be.plan(n.attrs["kernel"]).gen.schedule.order for n in c.stats().graph.nodes if n.op == "kernel"]
+    assert orders.count("column") >= 3, orders
+    c2, _ = check(lambda x: (torch.softmax(x, 0), x.sum(0)), a)

@@ -122,13 +122,16 @@ def vectorization_report(source: str, target: CpuTarget, workdir: Path) -> dict[
     cpp = workdir / "vec_report.cpp"
     source = source.replace("static int nf_", "__attribute__((used)) static int nf_")  # keep unreferenced kernels
     cpp.write_text(source)
-    r = subprocess.run([compiler(), *compile_flags(target), "-fopt-info-vec-optimized", "-c", str(cpp), "-o",
-                        os.devnull], capture_output=True, text=True)
+    r = subprocess.run([compiler(), *compile_flags(target), "-fopt-info-vec", "-fopt-info-vec-missed", "-c",
+                        str(cpp), "-o", os.devnull], capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(r.stderr[:4000])
     vectorized = set()
     for line in r.stderr.splitlines():
-        if "loop vectorized" in line and line.startswith(str(cpp)):
+        if not line.startswith(str(cpp)):
+            continue
+        # a vectorized loop, or one GCC turned into memset/memcpy (already vector code)
+        if "loop vectorized" in line or "__builtin_memset" in line or "__builtin_memcpy" in line:
             vectorized.add(int(line[len(str(cpp)) + 1:].split(":")[0]))
     lines = source.splitlines()
     out = {}

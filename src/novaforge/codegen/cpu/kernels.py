@@ -31,6 +31,7 @@ from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, analyze_body, body_space, operand
 from .attention import plan_flash_attention
 from .cexpr import check_dtype
+from .columns import lane_dim, render_reduction_columns
 from .loops import (
     EXPENSIVE_OPS,
     GenKernel,
@@ -93,13 +94,17 @@ def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, 
                     info.space[a] == 0 for a in info.axes):
                 raise Unsupported("max/min over an empty axis (torch raises)")
         rows, inner, red, inner_reduced = reduction_loops(info)
+        lane = lane_dim(info)
+        if lane is not None and info.space[lane] < target.vector_floats:
+            inner_reduced = True  # too few neighbouring rows to fill a vector: row order
         n_red = sum(1 for n in info.computed if OPS[n.op].has("reduction"))
         expensive = any(n.op in EXPENSIVE_OPS for n in info.computed) and n_red > 1
         shape = KernelShape("reduction", outer=rows, inner=inner, reduce=red, inner_reduced=inner_reduced,
                             flops=flops, bytes=nbytes, passes=n_red + 1, expensive_cross_pass=expensive)
         sched = configure(shape, target)
         name = function_name(key, sched, tag)
-        return GenKernel(name, len(ins) + len(outs), lambda: render_reduction(name, ins, outs, info, sched), sched,
+        render = render_reduction_columns if sched.order == "column" else render_reduction
+        return GenKernel(name, len(ins) + len(outs), lambda: render(name, ins, outs, info, sched), sched,
                          f"{key}|{sched.key()}", info)
     outer, inner = pointwise_loops(info)
     sched = configure(KernelShape("pointwise", outer=outer, inner=inner, flops=flops, bytes=nbytes), target)
