@@ -85,3 +85,15 @@ def test_flash_attention_fully_masked_rows():
     mask[..., 3, :65] = False  # a row whose only keys are in the last tile
     check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, k, v, mask, atol=1e-5,
           rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_bf16(causal):
+    q, k, v = (_r(1, 4, 70, 32).to(torch.bfloat16) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    c, _ = check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True),
+                 q, k, v, atol=2e-2, rtol=2e-2)
+    assert c.stats().program.info["library"] == 0
+    mask = torch.randn(1, 1, 70, 70).to(torch.bfloat16)
+    check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, q * 0.5, q, mask,
+          atol=2e-2, rtol=2e-2)

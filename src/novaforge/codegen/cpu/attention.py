@@ -10,6 +10,9 @@ accumulator. Only a q_tile x kv_tile score tile ever exists. Grouped-query heads
 key/value head h // (Hq / Hk). Shapes and strides are compile-time constants; q, k, v and the
 mask are read through their strides (no transposes copied).
 
+bfloat16 q/k/v (and mask) are converted to float32 when packed (q, K^T, and V into a packed
+float copy) and the output is rounded to bfloat16 once; everything in between is float32.
+
 Invariant: out = softmax(q k^T * scale + mask) v like torch's CPU scaled_dot_product_attention,
 including its zeros for rows where every key is masked.
 """
@@ -46,9 +49,10 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
     ops = [operand(body, v) for v in anchor.inputs]
     q, k, v = ops[:3]
     mask = ops[3] if len(ops) == 4 else None
-    if any(o.dtype != torch.float32 for o in (q, k, v)):
-        raise Unsupported("flash attention is generated for float32")
-    if mask is not None and mask.dtype not in (torch.float32, torch.bool):
+    dt = q.dtype
+    if dt not in (torch.float32, torch.bfloat16) or k.dtype != dt or v.dtype != dt:
+        raise Unsupported("flash attention is generated for float32 and bfloat16")
+    if mask is not None and mask.dtype not in (dt, torch.bool):
         raise Unsupported("attention mask dtype")
     out_t = anchor.outputs[0].type
     *batch, hq, L, E = q.layout.shape
@@ -90,7 +94,14 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
     key = f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
     name = function_name(key, sched, "a")
     n_args = 1 + len(body.inputs) + len(body.outputs)
-    mtype = "bool" if mask is not None and mask.dtype == torch.bool else "float"
+    bf16 = dt == torch.bfloat16
+    T = "uint16_t" if bf16 else "float"  # storage type of q, k, v, out (bf16 is converted to float on load)
+    mtype = "uint8_t" if mask is not None and mask.dtype == torch.bool else T
+    if bf16:
+        pv_tiled = tiled and Ev % (2 * W) == 0  # V is converted into a packed float copy
+
+    def ld(x: str) -> str:
+        return f"nf_bf16_load({x})" if bf16 else x
 
     def render() -> str:
         c = Code()
@@ -99,10 +110,10 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
             c("return 0;")
             c.close()
             return c.text()
-        c("float* out = (float*)p0;")
-        c(f"const float* qg = (const float*)p{1 + q.buf} + {q.layout.offset};")
-        c(f"const float* kg = (const float*)p{1 + k.buf} + {k.layout.offset};")
-        c(f"const float* vg = (const float*)p{1 + v.buf} + {v.layout.offset};")
+        c(f"{T}* out = ({T}*)p0;")
+        c(f"const {T}* qg = (const {T}*)p{1 + q.buf} + {q.layout.offset};")
+        c(f"const {T}* kg = (const {T}*)p{1 + k.buf} + {k.layout.offset};")
+        c(f"const {T}* vg = (const {T}*)p{1 + v.buf} + {v.layout.offset};")
         if mask is not None:
             c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf} + {mask.layout.offset};")
         nqb = math.ceil(L / BQ)
@@ -114,21 +125,25 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
             c(f"#pragma omp parallel for num_threads({sched.threads}) schedule(dynamic, 1)")
         c.open(f"for (int64_t t = 0; t < {total}; t++)")
         c(f"const int64_t ch = t % {nchunk}, bh = t / {nchunk}, h = bh % {hq}, b = bh / {hq}, hk = h / {group};")
-        c(f"const float* qp = qg + b * {bst[0]} + h * {qs[0]};")
-        c(f"const float* kp = kg + b * {bst[1]} + hk * {ks[0]};")
-        c(f"const float* vp = vg + b * {bst[2]} + hk * {vs[0]};")
+        c(f"const {T}* qp = qg + b * {bst[0]} + h * {qs[0]};")
+        c(f"const {T}* kp = kg + b * {bst[1]} + hk * {ks[0]};")
+        c(f"const {T}* vp = vg + b * {bst[2]} + hk * {vs[0]};")
         if mask is not None:
             c(f"const {mtype}* mp = mg + b * {bst[3]} + h * {mask_tail[0]};")
-        c(f"float* op = out + b * {bst[-1]} + h * {L * Ev};")
+        c(f"{T}* op = out + b * {bst[-1]} + h * {L * Ev};")
         c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
         c(f"const int64_t kend = {'(iend < ' + str(S) + ' ? iend : ' + str(S) + ')' if causal else S};")
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
         c.open("for (int64_t j = 0; j < kend; j++)")
-        c(f"const float* kr = kp + j * {ks[1]};")
+        c(f"const {T}* kr = kp + j * {ks[1]};")
         c(f"float* kc = ktb + (j / {BK}) * {E * BK} + j % {BK};")
-        c(f"for (int64_t e = 0; e < {E}; e++) kc[e * {BK}] = kr[e * {ks[2]}];")
+        c(f"for (int64_t e = 0; e < {E}; e++) kc[e * {BK}] = {ld(f'kr[e * {ks[2]}]')};")
         c.close()
+        if bf16:  # V converted to a packed float copy (the P V tile reads float rows)
+            c(f"float* vcb = nf_scratch(1, kend * {Ev} + 1);")
+            c(f"for (int64_t j = 0; j < kend; j++) for (int64_t e = 0; e < {Ev}; e++) "
+              f"vcb[j * {Ev} + e] = nf_bf16_load(vp[j * {vs[1]} + e * {vs[2]}]);")
         c.open("for (int64_t qb = qb0; qb < qb1; qb++)")
         c(f"const int64_t i0 = qb * {BQ}, i1 = i0 + {BQ} < {L} ? i0 + {BQ} : {L}, nr = i1 - i0;")
         c(f"alignas(64) float qs[{BQ}][{E}];")
@@ -138,7 +153,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("m[r] = -__builtin_inff(); l[r] = 0.0f;")
         c(f"for (int64_t e = 0; e < {Ev}; e++) acc[r][e] = 0.0f;")
-        c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = qp[(i0 + r) * {qs[1]} + e * {qs[2]}] * {scale!r}f;")
+        c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = {ld(f'qp[(i0 + r) * {qs[1]} + e * {qs[2]}]')} * {scale!r}f;")
         c.close()
         c(f"const int64_t jend = {'(i1 < ' + str(S) + ' ? i1 : ' + str(S) + ')' if causal else S};")
         c.open(f"for (int64_t j0 = 0; j0 < jend; j0 += {BK})")
@@ -172,10 +187,10 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
         if mask is not None:
             c(f"const {mtype}* mr = mp + i * {mask_tail[1]} + j0 * {mask_tail[2]};")
             c("#pragma omp simd")
-            if mtype == "bool":
+            if mtype == "uint8_t":
                 c(f"for (int64_t j = 0; j < nj; j++) sr[j] = mr[j * {mask_tail[2]}] ? sr[j] : -__builtin_inff();")
             else:
-                c(f"for (int64_t j = 0; j < nj; j++) sr[j] += mr[j * {mask_tail[2]}];")
+                c(f"for (int64_t j = 0; j < nj; j++) sr[j] += {ld(f'mr[j * {mask_tail[2]}]')};")
         if causal:
             c("for (int64_t j = i - j0 + 1 > 0 ? i - j0 + 1 : 0; j < nj; j++) sr[j] = -__builtin_inff();")
         c("float mx = m[r];")
@@ -198,27 +213,29 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
         if not pv_tiled:
             c.open("for (int64_t j = 0; j < nj; j++)")
             c("const float pj = sr[j];")
-            c(f"const float* vr = vp + (j0 + j) * {vs[1]};")
+            c(f"const {T}* vr = vp + (j0 + j) * {vs[1]};")
             c("#pragma omp simd")
-            c(f"for (int64_t e = 0; e < {Ev}; e++) ar[e] += pj * vr[e * {vs[2]}];")
+            c(f"for (int64_t e = 0; e < {Ev}; e++) ar[e] += pj * {ld(f'vr[e * {vs[2]}]')};")
             c.close()
         c.close()  # rows
         if pv_tiled:
             # register-blocked P V: 4 rows x 2 vectors of the head dim, V read in place (rows contiguous)
-            c(f"const float* vt = vp + j0 * {vs[1]};")
+            ldv = Ev if bf16 else vs[1]
+            c(f"const float* vt = {'vcb + j0 * ' + str(Ev) if bf16 else 'vp + j0 * ' + str(vs[1])};")
             c("int64_t rp = 0;")
             c(f"for (; rp + 6 <= nr; rp += 6) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<6>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_pv<6>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
             c(f"for (; rp + 4 <= nr; rp += 4) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<4>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_pv<4>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
             c(f"for (; rp < nr; rp++) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<1>(s[rp], {BK}, vt + e, {vs[1]}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_pv<1>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
         c.close()  # key tiles
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;")
-        c(f"float* orow = op + (i0 + r) * {Ev};")
+        c(f"{T}* orow = op + (i0 + r) * {Ev};")
         c("#pragma omp simd")
-        c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = acc[r][e] * inv;")
+        val = "nf_bf16_store(acc[r][e] * inv)" if bf16 else "acc[r][e] * inv"
+        c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = {val};")
         c.close()
         c.close()  # query blocks
         c.close()  # tasks
