@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,9 @@ def _export_last(text: str) -> str:
     return text[:idx] + "NF_KERNEL int nf_" + text[idx + len("static int nf_"):]
 
 
+_SHARED_PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
 class _Layout:
     """Slots of a graph's buffers: constants, inputs, arena offsets, fresh outputs, scratch."""
 
@@ -341,8 +345,14 @@ class _Layout:
             t = self._const[v]
             view = t.as_strided(op.layout.shape, op.layout.strides, t.storage_offset() + op.layout.offset)
             K, N = view.shape
-            data = torch.empty(max(int(ops.lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
-            self._to_pack.append((view, data))
+            # programs of the same model (other input shapes) share packed weights while they live
+            shared_key = (view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype, t._version,
+                          ops.lib().nf_sgemm_nr())
+            data = _SHARED_PACKED.get(shared_key)
+            if data is None:
+                data = torch.empty(max(int(ops.lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
+                self._to_pack.append((view, data))
+                _SHARED_PACKED[shared_key] = data
             self._packed[key] = self._add(SlotSpec("const", TensorType(tuple(data.shape), torch.float32),
                                                    tensor=data))
         return self._packed[key]
