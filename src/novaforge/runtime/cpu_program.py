@@ -92,6 +92,7 @@ class CpuProgram:
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
         self._fresh: list[tuple[int, TensorType]] = []
         self._runners: list[Callable[[], None]] = []
+        self._out_slots: list[int] | None = None
         self._ready = False
         self.calls = 0
 
@@ -119,6 +120,7 @@ class CpuProgram:
             elif spec.kind == "fresh":
                 self._fresh.append((s, spec.type))
         self._runners = [self._make_runner(st) for st in self.steps]
+        self._out_slots = [o.slot for o in self.outputs] if all(o.kind == "slot" for o in self.outputs) else None
         self._ready = True
 
     # ------------------------------------------------------------------------ steps
@@ -188,7 +190,7 @@ class CpuProgram:
                 t = inputs[i]
                 if not t.is_contiguous():
                     t = t.contiguous()
-                if t.dtype != ty.dtype or tuple(t.shape) != ty.shape:
+                if t.dtype != ty.dtype or t.shape != ty.shape:
                     raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
                 env[s] = t
                 ptrs[s] = t.data_ptr()
@@ -198,7 +200,10 @@ class CpuProgram:
                 ptrs[s] = t.data_ptr()
             for r in self._runners:
                 r()
-            result = [self._output(o, inputs) for o in self.outputs]
+            if self._out_slots is not None:
+                result = [env[s] for s in self._out_slots]
+            else:
+                result = [self._output(o, inputs) for o in self.outputs]
             for s, _, _ in self._inputs:
                 env[s] = None
             for s, _ in self._fresh:
