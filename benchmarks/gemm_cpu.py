@@ -7,7 +7,7 @@ the previous library go idle); the reported figure is the median over rounds, th
 interquartile range over rounds. Nothing is cached between candidates except their own prepared
 weights (packing/reorder happens before timing, as a compiler does at compile time).
 
-    python benchmarks/gemm_cpu.py                   # full table (~5 min)
+    python benchmarks/gemm_cpu.py                   # full table (~12 min)
     python benchmarks/gemm_cpu.py --quick           # M in {128, 1024}, 3 rounds
     python benchmarks/gemm_cpu.py --json out.json   # also write all samples
 
@@ -326,7 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=THREADS_DEFAULT)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--burst", type=float, default=0.05, help="seconds per timed burst")
-    p.add_argument("--pause", type=float, default=0.05, help="seconds of sleep before each burst")
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=0.3,
+        help="seconds of sleep before each burst (OpenBLAS's and ORT's idle workers spin ~0.1 s and slow the next "
+        "candidate down by up to 60x on 2 cores when this is 0; 0.3 s measured enough)",
+    )
     p.add_argument("--quick", action="store_true", help="M in {128, 1024}, 3 rounds")
     p.add_argument("--m", type=str, default=None, help="comma-separated M values")
     p.add_argument("--only", type=str, default=None, help="comma-separated candidate names")
