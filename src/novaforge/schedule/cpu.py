@@ -5,8 +5,10 @@ bytes and FLOPs with a two-term machine model (streaming bandwidth per core, vec
 per core, both derived from the target's SIMD width) and decides:
 
 * threads: 1 when the estimate is below a few OpenMP fork/join costs (tiny kernels run
-  serially: the fork costs more than it saves), else as many as the estimate pays for, at
-  most the target's threads and the number of parallel iterations;
+  serially: the fork costs more than it saves) or when the kernel is memory-bound on data that
+  fits one core's L2 (its input was just produced by a kernel split differently over the cores:
+  a second thread would mostly pull cache lines across), else as many as the estimate pays for,
+  at most the target's threads and the number of parallel iterations;
 * block: a long innermost loop with too few outer iterations to feed every thread is split
   into blocks (a multiple of the vector width) so that the threads share it;
 * reductions: "row" order (vectorize along the reduced axis, rows in parallel) when the
@@ -23,11 +25,13 @@ data whose `key()` enters cache keys.
 
 from __future__ import annotations
 
+import os
 from dataclasses import astuple, dataclass, fields
 
 from .target import CpuTarget
 
-FORK_NS = 1500.0  # one OpenMP parallel region (fork + join) on a warm pool, ns
+# one OpenMP parallel region (fork + join) on a warm pool, ns (NOVAFORGE_CPU_FORK_NS: experiments)
+FORK_NS = float(os.environ.get("NOVAFORGE_CPU_FORK_NS", "1500"))
 BYTES_PER_NS_CORE = 12.0  # streaming bandwidth one core sustains from L2/L3, bytes/ns
 GHZ = 2.5
 
@@ -71,6 +75,14 @@ def estimate_ns(shape: KernelShape, target: CpuTarget) -> float:
     return shape.bytes / BYTES_PER_NS_CORE + shape.flops / flop_rate
 
 
+def _cache_bound(shape: KernelShape, target: CpuTarget) -> bool:
+    """A memory-bound kernel whose data fits one core's L2: its inputs were just written by the
+    previous kernel (split over the cores differently, e.g. a GEMM by columns), so a second
+    thread mostly moves lines between the cores' caches instead of adding bandwidth."""
+    flop_rate = target.vector_floats * 2 * 2 * GHZ * 0.5
+    return shape.bytes <= target.l2_bytes and shape.bytes / BYTES_PER_NS_CORE >= shape.flops / flop_rate
+
+
 def _threads_for(est_ns: float, iterations: int, target: CpuTarget) -> int:
     if target.threads <= 1 or est_ns < 3 * FORK_NS or iterations < 2:
         return 1
@@ -93,7 +105,7 @@ def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
         return CpuSchedule("attention", threads=threads, vector=vec, q_tile=q, kv_tile=kv)
     if shape.kind == "reduction":
         order = "row" if shape.inner_reduced else "column"
-        threads = _threads_for(est, shape.outer, target)
+        threads = 1 if _cache_bound(shape, target) else _threads_for(est, shape.outer, target)
         row_cache = 0
         if order == "row" and shape.expensive_cross_pass and 0 < shape.reduce * 4 <= target.l1d_bytes // 2:
             row_cache = shape.reduce
@@ -107,7 +119,7 @@ def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
         block = -(-shape.inner // nblocks)
         block = -(-block // vec) * vec
         iterations = shape.outer * -(-shape.inner // block)
-    threads = _threads_for(est, iterations, target)
+    threads = 1 if _cache_bound(shape, target) else _threads_for(est, iterations, target)
     if threads == 1:
         block = 0
     return CpuSchedule("pointwise", threads=threads, vector=vec, block=block)
