@@ -3,8 +3,9 @@
 The model is a transformers model built from its config with random weights (never from a
 hub), as in the benchmark workloads. The demo times eager and novaforge in the same process,
 interleaved, and prints medians, the speedup, the largest difference of the outputs, and the
-compile report (passes, kernels, memory plan, metrics). Benchmarks against the other peers
-are `novaforge bench`.
+compile report (passes, kernels with their schedules, memory plan, metrics, and where the time
+went: each kernel's measured time and roofline efficiency). Benchmarks against the other
+peers are `novaforge bench`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--max-kernels", type=int, default=25, help="distinct kernels listed in the report")
+    p.add_argument("--no-profile", action="store_true", help="skip the per-kernel timing (roofline) section")
     args = p.parse_args(argv)
 
     import novaforge
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.inference_mode():
         ref = model(ids).last_hidden_state
-        compiled = novaforge.compile(model, freeze=True, backend=args.backend)
+        compiled = novaforge.compile(model, freeze=True, backend=args.backend, profile=not args.no_profile)
         t0 = time.perf_counter()
         out = compiled(ids).last_hidden_state
         compile_s = time.perf_counter() - t0
@@ -77,5 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"novaforge {n_ms:8.2f} ms  (median of {len(nf)})   speedup x{e_ms / n_ms:.2f}")
     print(f"max |novaforge - eager| = {diff:.3g} (output scale {scale:.3g})")
     print()
-    print(Report(stats, metrics(stats), args.max_kernels))
+    profile = ""
+    if not args.no_profile:
+        from novaforge.report.roofline import format_profile, peaks, profile_kernels
+
+        profile = format_profile(profile_kernels(compiled, (ids,), {}, runs=5), peaks(stats), n_ms)
+    print(Report(stats, metrics(stats), args.max_kernels, profile=profile))
     return 0

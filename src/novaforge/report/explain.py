@@ -20,9 +20,13 @@ class Report:
     stats: Any
     metrics: dict[str, Any]
     max_kernels: int = 40
+    profile: str = ""  # "where the time went" (explain(..., profile=True))
 
     def __str__(self) -> str:
-        return format_report(self.stats, self.metrics, self.max_kernels)
+        text = format_report(self.stats, self.metrics, self.max_kernels)
+        if self.profile:
+            text += "\n\n-- where the time went (measured) --\n" + self.profile
+        return text
 
     def summary(self) -> str:
         m = self.metrics
@@ -31,14 +35,33 @@ class Report:
                 f"{len(m['externs'])} externs")
 
 
-def explain(model: Any, *args: Any, freeze: bool = True, backend: str = "auto", **kwargs: Any) -> Report:
-    """Compile `model` for `args`/`kwargs` and return the report (print it)."""
-    from ..api import CompiledModule
+def explain(model: Any, *args: Any, freeze: bool = True, backend: str = "auto", profile: bool = False,
+            runs: int = 5, **kwargs: Any) -> Report:
+    """Compile `model` for `args`/`kwargs` and return the report (print it). With
+    profile=True the program also times its launches over `runs` calls and the report adds
+    each kernel's time and roofline efficiency."""
+    import time
 
-    compiled = model if isinstance(model, CompiledModule) else CompiledModule(model, freeze=freeze, backend=backend)
-    compiled(*args, **kwargs)
+    import torch
+
+    from ..api import CompiledModule
+    from .roofline import format_profile, peaks, profile_kernels
+
+    compiled = model if isinstance(model, CompiledModule) else CompiledModule(
+        model, freeze=freeze, backend=backend, options={"profile": True} if profile else None)
+    with torch.no_grad():
+        compiled(*args, **kwargs)
     stats = compiled.stats()
-    return Report(stats, metrics(stats))
+    prof = ""
+    if profile:
+        rows = profile_kernels(compiled, args, kwargs, runs)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                compiled(*args, **kwargs)
+            wall_ms = (time.perf_counter() - t0) / runs * 1e3
+        prof = format_profile(rows, peaks(stats), wall_ms)
+    return Report(stats, metrics(stats), profile=prof)
 
 
 def _fmt_bytes(n: float | None) -> str:
@@ -88,7 +111,7 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
             ops = ops[:57] + "..."
         lines.append(f"{i:>3} {len(rs):>3}  {r['name'][:23]:<24}{r['kind']:<11}{r['executor']:<10}"
                      f"{r['flops'] / 1e6:>9.2f}{r['bytes'] / 1024:>10.1f}{ai:>8.2f}  {ops}")
-        sched = schedules.get(key) if isinstance(schedules, dict) else None
+        sched = schedules.get(r["node"].attrs["kernel"].structural_key) if isinstance(schedules, dict) else None
         if sched is not None:
             lines.append(f"          schedule: {sched}")
     lines.append("")

@@ -103,6 +103,7 @@ class CpuBackend:
         profile = bool(options.get("profile", False))
         launch_labels: list[str] = []
         fallbacks: list[str] = []
+        schedules: dict[str, str] = {}  # kernel structural key -> how it runs (for explain)
 
         def flush() -> None:
             nonlocal current
@@ -120,6 +121,7 @@ class CpuBackend:
             outs = [layout.slot_of(o) for o in n.outputs]
             consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
             plan = self.plan(kernel, target, consts if use_packing else frozenset())
+            schedules[kernel.structural_key] = _describe_plan(plan)
             if plan.kind == "gemm":
                 gp = plan.gemm
                 assert gp is not None and plan.gen is not None
@@ -188,7 +190,9 @@ class CpuBackend:
                 "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
                 "launch_labels": launch_labels if profile else [],
                 "target": target.describe()}
-        return CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
+        program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
+        program.schedules = schedules
+        return program
 
     def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
                  segments: list[tuple[str, list[tuple[str, list[int]]]]],
@@ -402,3 +406,17 @@ class _Layout:
         if self.slots[s].kind != "fresh":
             raise ValueError(f"output {v!r} lives in the arena")
         return OutputSpec("slot", slot=s)
+
+
+def _describe_plan(plan) -> str:
+    """One line on how a kernel runs: its generated function's frozen schedule, the GEMM
+    call, or the fallback with its reason."""
+    parts = [plan.kind]
+    if plan.gemm is not None:
+        parts.append("nf_gemm" + (" packed-B" if plan.gemm.pack is not None else ""))
+    for g in (getattr(plan, "anchor_gen", None), plan.gen):
+        if g is not None:
+            parts.append(g.schedule.key())
+    if plan.kind not in ("gen", "gemm", "matmul", "attention") and getattr(plan, "reason", ""):
+        parts.append(f"({plan.reason})")
+    return " ".join(parts)
