@@ -280,7 +280,28 @@ class _Grouper:
         kind = "reduction" if n.attrs["keepdim"] and x.type.rank > 0 else "single"
         self.add(self.new(kind, x.type.shape, axes if kind == "reduction" else ()), n)
 
+    def _stored_permuted(self, n: Node) -> Group | None:
+        """The attention group whose output n = copy(permute(out)) materializes in another
+        layout (the [B, H, L, D] -> [B, L, H, D] transpose before the output projection): the
+        kernel then stores its tiles through the permute instead of a separate copy kernel."""
+        if n.op != "copy":
+            return None
+        p = self.defs.get(n.inputs[0])
+        if p is None or p.op != "permute" or len(self.graph.users(p.outputs[0])) != 1:
+            return None
+        q = self.defs.get(p.inputs[0])
+        g = self.group_of.get(q) if q is not None else None
+        if g is None or g.kind != "attention" or q.op != "attention" or len(g.nodes) != 1:
+            return None
+        if len(self.graph.users(q.outputs[0])) != 1:
+            return None
+        return g
+
     def place_elementwise(self, n: Node) -> None:
+        g = self._stored_permuted(n)
+        if g is not None:
+            self.add(g, n)
+            return
         candidates = []
         for v in n.inputs:
             root = v

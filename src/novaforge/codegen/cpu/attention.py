@@ -42,7 +42,9 @@ def _batch_strides(op: Operand, out_batch: tuple[int, ...], tail: int) -> list[i
     return out
 
 
-def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
+def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = False) -> GenKernel:
+    """heads_last: the kernel stores its output as [..., L, Hq, Ev] (the fused transpose of a
+    `copy(permute(attention))` epilogue) instead of [..., Hq, L, Ev]."""
     body = kernel.body
     anchor = kernel.anchor_node
     assert anchor is not None and anchor.op == "attention"
@@ -91,7 +93,9 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
     W = target.vector_floats
     tiled = BK % (2 * W) == 0 and target.simd != "scalar"
     pv_tiled = tiled and Ev % (2 * W) == 0 and vs[2] == 1
-    key = f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
+    key = (f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
+           f"|{heads_last}")
+    head_off, row_stride = (Ev, hq * Ev) if heads_last else (L * Ev, Ev)
     name = function_name(key, sched, "a")
     n_args = 1 + len(body.inputs) + len(body.outputs)
     bf16 = dt == torch.bfloat16
@@ -130,7 +134,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
         c(f"const {T}* vp = vg + b * {bst[2]} + hk * {vs[0]};")
         if mask is not None:
             c(f"const {mtype}* mp = mg + b * {bst[3]} + h * {mask_tail[0]};")
-        c(f"{T}* op = out + b * {bst[-1]} + h * {L * Ev};")
+        c(f"{T}* op = out + b * {bst[-1]} + h * {head_off};")
         c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
         c(f"const int64_t kend = {'(iend < ' + str(S) + ' ? iend : ' + str(S) + ')' if causal else S};")
@@ -232,7 +236,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget) -> GenKernel:
         c.close()  # key tiles
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;")
-        c(f"{T}* orow = op + (i0 + r) * {Ev};")
+        c(f"{T}* orow = op + (i0 + r) * {row_stride};")
         c("#pragma omp simd")
         val = "nf_bf16_store(acc[r][e] * inv)" if bf16 else "acc[r][e] * inv"
         c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = {val};")

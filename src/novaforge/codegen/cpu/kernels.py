@@ -155,10 +155,16 @@ def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int]) 
     computed = [n for n in epi.nodes if not (OPS[n.op].has("view") or OPS[n.op].has("generator"))]
     plan = KernelPlan(kind, operands=operands, anchor_type=a_type, anchor_attrs=attrs)
     if kind == "attention":
+        heads_last = _stores_heads_last(body, anchor)
         try:
-            plan.anchor_gen = plan_flash_attention(kernel, target)
+            plan.anchor_gen = plan_flash_attention(kernel, target, heads_last)
         except Unsupported:
             plan.anchor_gen = None
+        if heads_last:
+            if plan.anchor_gen is None:
+                raise Unsupported("a transposed attention store needs the generated flash kernel")
+            plan.direct = 0
+            return plan
     if not computed and len(body.outputs) == 1:
         out = body.outputs[0]
         v = out
@@ -226,3 +232,17 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
         raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
     except Unsupported as e:
         return KernelPlan("torch", reason=str(e))
+
+
+def _stores_heads_last(body, anchor) -> bool:
+    """Is the kernel's one output copy(permute(attention)) with the head and query axes
+    swapped (fusion's permuted store, see passes/fuse.py)?"""
+    if len(body.outputs) != 1:
+        return False
+    c = body.producer(body.outputs[0])
+    p = body.producer(c.inputs[0]) if c is not None and c.op == "copy" else None
+    if p is None or p.op != "permute" or p.inputs[0] is not anchor.outputs[0]:
+        return False
+    r = len(p.attrs["perm"])
+    expect = tuple(range(r - 3)) + (r - 2, r - 3, r - 1)
+    return tuple(p.attrs["perm"]) == expect

@@ -115,6 +115,9 @@ def analyze(kernel: Kernel) -> BodyInfo:
     producer: dict[Value, Node] = {}
     computed: list[Node] = []
     views_of_computed: dict[Value, Value] = {}  # store-view value -> the computed value it reshapes
+    # attention kernels may store their output transposed: copy(permute(anchor)) (see passes/fuse.py)
+    permuted: dict[Value, tuple[Value, tuple[int, ...]]] = {}
+    permuted_stores: dict[Value, tuple[Value, tuple[int, ...]]] = {}
     for i, gi in enumerate(body.inputs):
         t = gi.value.type
         leaves[gi.value] = Leaf(i, Strided.contiguous(t.shape), t.dtype)
@@ -138,9 +141,14 @@ def analyze(kernel: Kernel) -> BodyInfo:
                 leaves[n.out] = Leaf(leaves[src].source, lay, leaves[src].dtype, leaves[src].gen, leaves[src].value)
             elif n.op == "reshape":
                 views_of_computed[n.out] = views_of_computed.get(src, src)
+            elif n.op == "permute" and kernel.kind == "attention" and producer[src] is kernel.anchor_node:
+                permuted[n.out] = (src, tuple(n.attrs["perm"]))
             else:
                 raise Unsupported(f"{n.op} of a computed value inside the body")
         else:
+            if n.op == "copy" and n.inputs[0] in permuted:
+                permuted_stores[n.out] = permuted[n.inputs[0]]  # the store goes through the permute
+                continue
             if len(n.outputs) != 1:
                 raise Unsupported(f"{n.op} has {len(n.outputs)} outputs")
             for v in n.inputs:
@@ -216,6 +224,10 @@ def analyze(kernel: Kernel) -> BodyInfo:
             stores.append((i, o, broadcast_strides(Strided.contiguous(kept), space)))
         elif o in computed_set:
             stores.append((i, o, broadcast_strides(Strided.contiguous(o.type.shape), space)))
+        elif o in permuted_stores:
+            c, perm = permuted_stores[o]
+            out_strides = Strided.contiguous(o.type.shape).strides
+            stores.append((i, c, tuple(out_strides[perm.index(d)] for d in range(len(perm)))))
         elif o in views_of_computed:
             c = views_of_computed[o]
             if c.type.shape != space:
