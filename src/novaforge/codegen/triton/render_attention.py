@@ -17,7 +17,7 @@ import torch
 
 from ...ir.views import Strided
 from ...schedule.gpu import AttentionSchedule, cdiv
-from .analysis import BodyInfo, Unsupported
+from .analysis import BodyInfo, Unsupported, broadcast_strides
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset
 from .render import WIDE, KernelSource, assemble, params
@@ -27,19 +27,7 @@ LOG2E = 1.4426950408889634
 
 def _aligned_strides(layout: Strided, shape: tuple[int, ...]) -> list[int]:
     """Strides of `layout` right-aligned and broadcast to `shape` (0 on broadcast dims)."""
-    off = len(shape) - len(layout.shape)
-    if off < 0:
-        raise Unsupported("attention operand of higher rank than its space")
-    out = []
-    for d, size in enumerate(shape):
-        j = d - off
-        if j < 0 or layout.shape[j] == 1:
-            out.append(0)
-        elif layout.shape[j] == size:
-            out.append(layout.strides[j])
-        else:
-            raise Unsupported(f"attention operand {layout.shape} does not broadcast to {shape}")
-    return out
+    return list(broadcast_strides(layout, shape))
 
 
 def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
