@@ -5,7 +5,9 @@ kernel's iteration space:
 
 * a *leaf* is a body input seen through its chain of views (a strided load with one stride per
   space dimension, 0 where it broadcasts), a generator (a literal, or `iota` as a virtual
-  strided buffer) or a view of one;
+  strided buffer) or a view of one; with `pieces=True` (pointwise kernels) also a `cat` of
+  leaves: a piecewise leaf whose `Piece`s cover disjoint ranges of one space dim, each a plain
+  leaf with strides and offset relative to its range's start (rendered by pieces.py);
 * a *computed* value is a non-view node evaluated per element of the space; a view of a
   computed value is allowed only when it reads the same element at every space index (an
   expand, or a reshape that only adds or drops leading unit dimensions): it aliases its source;
@@ -36,7 +38,7 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Leaf:
-    kind: str  # "load" | "const" | "iota"
+    kind: str  # "load" | "const" | "iota" | "cat"
     dtype: torch.dtype
     buf: int = -1  # body input index ("load")
     strides: tuple[int, ...] = ()  # per space dim
@@ -44,6 +46,17 @@ class Leaf:
     value: object = None  # literal ("const")
     start: float = 0  # iota: start + step * element offset
     step: float = 1
+    dim: int = -1  # cat: the space dim the pieces split
+    pieces: tuple[Piece, ...] = ()  # cat: in order along `dim`
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One input of a cat leaf: space indices lo <= i[dim] < hi read `leaf` at i[dim] - lo."""
+
+    lo: int
+    hi: int
+    leaf: Leaf
 
 
 @dataclass(frozen=True)
@@ -119,9 +132,10 @@ def _fits(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
     return len(shape) == len(space) and all(s in (1, t) for s, t in zip(shape, space, strict=True))
 
 
-def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()) -> BodyInfo:
+def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = (), pieces: bool = False) -> BodyInfo:
     info = BodyInfo(tuple(space), tuple(axes))
     layouts: dict[Value, Strided] = {}  # strided layout of load/iota leaves (before broadcast)
+    cats: dict[Value, Node] = {}  # cat leaves -> their node
     for i, gi in enumerate(body.inputs):
         v = gi.value
         layouts[v] = Strided.contiguous(v.type.shape)
@@ -143,6 +157,8 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
             if src in info.store_views:
                 raise Unsupported(f"{n.op} of a reshaped computed value")
             leaf = info.leaves.get(src)
+            if leaf is not None and leaf.kind == "cat":
+                raise Unsupported(f"{n.op} of a cat")
             if leaf is not None and leaf.kind == "const":
                 info.leaves[out] = leaf
             elif leaf is not None:
@@ -158,6 +174,14 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
             else:
                 raise Unsupported(f"{n.op} of a computed value")
             continue
+        if n.op == "cat":
+            if not pieces or axes:
+                raise Unsupported("cat inside a reduction or an epilogue")
+            if any(info.leaves.get(v) is None or info.leaves[v].kind == "cat" for v in n.inputs):
+                raise Unsupported("cat of computed values")
+            cats[n.outputs[0]] = n
+            info.leaves[n.outputs[0]] = Leaf("cat", n.outputs[0].type.dtype)
+            continue
         if len(n.outputs) != 1:
             raise Unsupported(f"{n.op} with {len(n.outputs)} outputs")
         if not (d.has("elementwise") or n.op in ("sum", "max", "min", "prod")):
@@ -167,9 +191,14 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
         info.computed.append(n)
     used = {info.resolve(v) for n in info.computed for v in n.inputs}
     used |= {info.store_views.get(w, info.resolve(w)) for w in body.outputs}
+    all_leaves = dict(info.leaves)
     for v, leaf in list(info.leaves.items()):
         if v not in used:
             del info.leaves[v]
+            continue
+        if leaf.kind == "cat":
+            info.leaves[v] = _cat_leaf(cats[v], all_leaves, layouts, info.space)
+            info.shapes[v] = _right_aligned(v.type.shape, info.space)
             continue
         if leaf.kind == "const":
             info.shapes[v] = (1,) * len(info.space)
@@ -214,6 +243,39 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
         strides = tuple(0 if shp[d] == 1 else cs[d] for d in range(len(shp)))
         info.stores.append(Store(j, base, strides, w.type.dtype))
     return info
+
+
+def _cat_leaf(n: Node, leaves: dict[Value, Leaf], layouts: dict[Value, Strided], space: tuple[int, ...]) -> Leaf:
+    """The piecewise leaf of cat node n over `space` (its inputs are leaves)."""
+    out = n.outputs[0].type
+    shape = _right_aligned(out.shape, space)
+    if not _fits(shape, space):
+        raise Unsupported(f"cat of shape {out.shape} does not broadcast to the space {space}")
+    dim = n.attrs["axis"] + len(space) - out.rank
+    parts = []
+    lo = 0
+    for v in n.inputs:
+        length = v.type.shape[n.attrs["axis"]]
+        if length:
+            parts.append((lo, lo + length, v))
+        lo += length
+    if len(parts) != 1 and shape[dim] != space[dim]:
+        raise Unsupported("cat along a broadcast dim")
+    pieces = []
+    for lo, hi, v in parts:
+        leaf = leaves[v]
+        if leaf.kind == "const":
+            pieces.append(Piece(lo, hi, leaf))
+            continue
+        sub = space if len(parts) == 1 else space[:dim] + (hi - lo,) + space[dim + 1:]
+        lay = layouts[v]
+        pieces.append(Piece(lo, hi, Leaf(leaf.kind, leaf.dtype, leaf.buf, _broadcast_strides(lay, sub), lay.offset,
+                                         leaf.value, leaf.start, leaf.step)))
+    if len(pieces) == 1:  # one non-empty input (or a broadcast size-1 cat dim): a plain leaf
+        return pieces[0].leaf
+    if not pieces:  # an empty space: never read
+        return Leaf("const", out.dtype, value=0)
+    return Leaf("cat", out.dtype, dim=dim, pieces=tuple(pieces))
 
 
 def body_space(body: Graph, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -38,7 +38,7 @@ from .kernels import KernelPlan, plan_kernel
 from .loops import GenKernel
 
 _SOURCES = ("analysis.py", "attention.py", "backend.py", "build.py", "cexpr.py", "columns.py", "kernels.py", "loops.py",
-            "matmul.py", "singles.py", "nf_cpu.h")
+            "matmul.py", "pieces.py", "singles.py", "nf_cpu.h")
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
 EXPORT = 'extern "C" __attribute__((visibility("default")))'
 _hash_cache: list[str] = []

@@ -2,7 +2,8 @@
 
 `plan_kernel(kernel, target)` returns a `KernelPlan`:
 
-* ``gen``       a generated C++ function (pointwise, reduction, embedding gather, cat);
+* ``gen``       a generated C++ function (pointwise, also reading cats piecewise; reduction,
+                embedding gather, cat);
 * ``gemm``      a generated function calling the nf_gemm library with the epilogue fused
                 (see matmul.py): arguments [C buffer] + inputs + outputs [+ packed B];
 * ``matmul``    a library matmul (torch.matmul into the output or a scratch buffer, through
@@ -43,6 +44,7 @@ from .loops import (
     render_reduction,
 )
 from .matmul import GemmPlan, plan_gemm
+from .pieces import has_pieces, plan_pieces
 from .singles import plan_cat, plan_gather, plan_take
 
 
@@ -77,17 +79,21 @@ def _cost(body: Graph) -> tuple[float, float]:
 
 
 
-def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, axes=None, tag: str = "k") -> GenKernel:
-    """A generated pointwise or reduction function for `body` (raises Unsupported)."""
+def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, axes=None, tag: str = "k",
+               pieces: bool = False) -> GenKernel:
+    """A generated pointwise or reduction function for `body` (raises Unsupported); `pieces`:
+    the body may read cats (pointwise kernels, see pieces.py)."""
     for gi in body.inputs:
         check_dtype(gi.value.type.dtype)
     for o in body.outputs:
         check_dtype(o.type.dtype)
     if space is None:
         space, axes = body_space(body, kind)
-    info = analyze_body(body, space, axes or ())
+    info = analyze_body(body, space, axes or (), pieces=pieces and kind == "pointwise")
     ins, outs = body_dtypes(body)
     flops, nbytes = _cost(body)
+    if has_pieces(info):
+        return plan_pieces(key, info, ins, outs, flops, nbytes, target, tag)
     if info.axes:
         for n in info.computed:
             if OPS[n.op].has("reduction") and n.op in ("max", "min") and info.numel == 0 and any(
@@ -216,7 +222,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
         if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
             raise Unsupported("inputs not on the CPU")
         if kernel.kind in ("pointwise", "reduction"):
-            return KernelPlan("gen", gen=plan_loops(kernel.structural_key, kernel.body, kernel.kind, target))
+            return KernelPlan("gen", gen=plan_loops(kernel.structural_key, kernel.body, kernel.kind, target,
+                                                    pieces=True))
         if kernel.kind in ("matmul", "attention"):
             return _plan_anchor(kernel, target, const_bufs)
         if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
