@@ -8,6 +8,9 @@ Invariant: `analyze(kernel)` either returns a `BodyInfo` in which
   anchor's output shape), and every elementwise op has a Triton rendering;
 * every body output is a computed value stored contiguously, directly or through a reshape of a
   space-shaped value (a store view: same element order);
+* every `cat` of a pointwise body reads leaves only and spans the space along its axis: it is
+  a load with piecewise addressing (`cat_pieces`: one masked load per piece, selected by the
+  coordinate along the cat's space dim);
 or it raises `Unsupported` with the reason, and the backend runs that kernel through torch.
 This is what the body contract of passes/fuse_body.py promises; anything else falls back.
 """
@@ -66,10 +69,17 @@ class BodyInfo:
         return [v.type for v in self.body.outputs]
 
     def used_leaves(self) -> dict[Value, Leaf]:
-        """Leaves read by the elementwise and reduction code (not the anchor's own operands)."""
+        """Leaves read by the elementwise and reduction code (not the anchor's own operands); a
+        cat counts as one leaf over its output shape (one element read per element)."""
         out = {}
         for n in self.computed:
             if n is self.anchor:
+                continue
+            if n.op == "cat":
+                pieces = [self.leaves[v] for v in n.inputs]
+                mem = next((p for p in pieces if p.gen == ""), pieces[0])
+                out[n.out] = Leaf(mem.source, Strided.contiguous(n.out.type.shape), n.out.type.dtype, mem.gen,
+                                  mem.value)
                 continue
             for v in n.inputs:
                 if v in self.leaves:
@@ -100,6 +110,35 @@ def broadcast_strides(layout: Strided, space: tuple[int, ...]) -> tuple[int, ...
         else:
             raise Unsupported(f"value of shape {layout.shape} does not broadcast to the space {space}")
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class CatPiece:
+    lo: int  # the piece covers lo <= coordinate < hi along the cat's space dim
+    hi: int
+    leaf: Leaf
+    strides: tuple[int, ...]  # per space dim, relative to the piece's start
+
+
+def cat_pieces(node: Node, leaves: dict[Value, Leaf], space: tuple[int, ...]) -> tuple[int, list[CatPiece]]:
+    """(the space dim a cat splits, its non-empty pieces); raises Unsupported when the cat does
+    not span the space along that dim or a piece does not broadcast to its part of the space."""
+    out = node.out.type
+    dim = node.attrs["axis"] + len(space) - out.rank
+    if dim < 0 or not _broadcasts(out.shape, space) or out.shape[node.attrs["axis"]] != space[dim]:
+        raise Unsupported(f"cat of shape {out.shape} does not span the space {space}")
+    pieces = []
+    lo = 0
+    for v in node.inputs:
+        n = v.type.shape[node.attrs["axis"]]
+        if n:
+            leaf = leaves.get(v)
+            if leaf is None:
+                raise Unsupported("cat of computed values")
+            sub = space[:dim] + (n,) + space[dim + 1:]
+            pieces.append(CatPiece(lo, lo + n, leaf, broadcast_strides(leaf.layout, sub)))
+        lo += n
+    return dim, pieces
 
 
 def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
@@ -207,12 +246,15 @@ def analyze(kernel: Kernel) -> BodyInfo:
     for n in computed:
         if n is anchor or n in reductions:
             continue
+        if n.op == "cat" and kind == "pointwise":
+            cat_pieces(n, leaves, space)  # raises Unsupported if it is not a load over the space
+            continue
         if not OPS[n.op].has("elementwise") or not supports(n.op):
             raise Unsupported(f"no Triton rendering of {n.op}")
         if not _broadcasts(n.out.type.shape, space):
             raise Unsupported(f"{n.op} of shape {n.out.type.shape} outside the space {space}")
     for n in computed:
-        if n is not anchor:
+        if n is not anchor and n.op != "cat":
             for v in n.inputs:
                 if v in leaves:
                     broadcast_strides(leaves[v].layout, space)  # raises Unsupported if it does not fit

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import OPS, Value
-from .analysis import BodyInfo, Leaf, Unsupported
+from .analysis import BodyInfo, Leaf, Unsupported, cat_pieces
 from .exprs import ExprContext, downcast, linear_offset, literal, render_op, tl_compute
 
 
@@ -93,6 +93,8 @@ class BodyEmitter:
             elif OPS[n.op].has("reduction"):
                 red = {ln.var for ln in self.lanes if set(ln.dims) & set(info.red_axes)}
                 out[n.out] = out[n.inputs[0]] - red
+            elif n.op == "cat":
+                out[n.out] = self._cat_lanes(n)
             else:
                 out[n.out] = frozenset().union(*(out.get(v, frozenset()) for v in n.inputs))
         return out
@@ -151,7 +153,54 @@ class BodyEmitter:
         leaf = self.info.leaves.get(v)
         return leaf.value if leaf is not None and leaf.gen == "const" else None
 
+    def _lanes_of(self, strides: tuple[int, ...]) -> frozenset[str]:
+        return frozenset(ln.var for ln in self.lanes
+                         if any(strides[d] != 0 and self.info.space[d] != 1 for d in ln.dims))
+
+    def _cat_lanes(self, n) -> frozenset[str]:
+        dim, pieces = cat_pieces(n, self.info.leaves, self.info.space)
+        unit = tuple(1 if d == dim else 0 for d in range(len(self.info.space)))
+        return self._lanes_of(unit).union(*(self._lanes_of(p.strides) for p in pieces if p.leaf.gen != "const"))
+
+    def _emit_cat(self, n) -> None:
+        """A cat load: each piece read at its own addresses (masked to its range along the cat's
+        dim), the pieces selected by that coordinate."""
+        dim, pieces = cat_pieces(n, self.info.leaves, self.info.space)
+        unit = tuple(1 if d == dim else 0 for d in range(len(self.info.space)))
+        coord, coord_lanes = self.offset(unit)
+        ca = self.fresh("ca")
+        self.line(f"{ca} = {coord}")
+        deps = set(coord_lanes)
+        value = None
+        for k in range(len(pieces) - 1, -1, -1):  # the last piece is the default of the selects
+            p = pieces[k]
+            sel = " & ".join(([f"({ca} >= {p.lo})"] if k else []) + ([f"({ca} < {p.hi})"] if k < len(pieces) - 1
+                                                                      else []))
+            if p.leaf.gen == "const":
+                text = literal(p.leaf.value, p.leaf.dtype)
+            else:
+                off, used = self.offset(p.strides, p.leaf.layout.offset - p.lo * p.strides[dim])
+                deps |= used
+                if p.leaf.gen == "iota":
+                    start, step = p.leaf.value
+                    text = f"(({off}).to({tl_compute(p.leaf.dtype)}) * {step!r} + {start!r})" if off != "0" \
+                        else literal(start, p.leaf.dtype)
+                else:
+                    mask = self.mask_for(used | coord_lanes)
+                    full = " & ".join(m for m in (sel, mask) if m)
+                    text = f"tl.load({self.ptrs[p.leaf.source]} + {off}" + (f", mask={full}, other=0)" if full else ")")
+                    if p.leaf.dtype in (torch.float16, torch.bfloat16):
+                        text += ".to(tl.float32)"
+            name = self.fresh("g")
+            self.line(f"{name} = {text}" if value is None or not sel else f"{name} = tl.where({sel}, {text}, {value})")
+            value = name
+        assert value is not None, "a cat load over a non-empty space has a non-empty piece"
+        self.preset(n.out, value, deps)
+
     def _emit_node(self, n) -> None:
+        if n.op == "cat":
+            self._emit_cat(n)
+            return
         args = [self.value(v) for v in n.inputs]
         self.ctx.arg_consts = [self._const_of(v) for v in n.inputs]
         expr = render_op(n, args, self.ctx)
