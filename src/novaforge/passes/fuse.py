@@ -14,7 +14,16 @@ Legality rules (all here):
   LayerNorm, RMSNorm and softmax (two dependent reductions) are one kernel each.
 * An elementwise op joins a producer's kernel when its shape fits that kernel's space; else it
   starts a pointwise kernel.
-* Everything else (index ops, cat, pad, scans, externs) is a `single` kernel.
+* A `cat` is a *load*: its inputs are views of buffers (graph inputs, other kernels' outputs)
+  or of generators, never values its own kernel computes, so a kernel reads it piecewise along
+  the cat axis like an elementwise leaf. It starts a pointwise kernel over its output shape
+  that its elementwise consumers join, or it moves into the one pointwise kernel that consumes
+  it (see `sink_tails`), when its output is that kernel's space. Cat loads stay in pointwise
+  kernels (no reduction joins a kernel holding one) and a kernel's cats split its space into at
+  most `MAX_CAT_REGIONS` boxes; a cat of more than `MAX_CAT_PIECES` pieces is a `single` kernel.
+  A cat of generators (fills) is free like a generator: replicated into each pointwise kernel
+  over its shape that reads it (else materialized by a pointwise kernel of its own).
+* Everything else (index ops, pad, scans, externs) is a `single` kernel.
 * No cycles: a node joins group G only if none of its other input groups depends on G.
 
 The result is a graph of `kernel` nodes (plus views of graph inputs returned as outputs). Each
@@ -29,6 +38,9 @@ from dataclasses import dataclass, field
 from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
 from ..ir.views import Strided, apply_view
 from .context import PassContext
+
+MAX_CAT_PIECES = 16  # non-empty pieces of one cat load
+MAX_CAT_REGIONS = 64  # boxes of the space in which every cat load of a kernel reads one piece
 
 
 @dataclass(eq=False)
@@ -108,6 +120,8 @@ class _Grouper:
         self.defs: dict[Value, Node] = {o: n for n in graph.nodes for o in n.outputs}
         self.group_of: dict[Node, Group] = {}
         self.groups: list[Group] = []
+        self.generator_cats: list[Node] = []
+        self.replicated: set[Node] = set()  # nodes copied into every kernel that reads them
 
     def new(self, kind: str, space, axes=()) -> Group:
         g = Group(kind, tuple(space), len(self.groups), tuple(axes))
@@ -209,10 +223,43 @@ class _Grouper:
                 self.place_reduction(n)
             elif d.has("elementwise") and len(n.outputs) == 1:
                 self.place_elementwise(n)
+            elif is_cat_load(n) and all(self._generator_rooted(v) for v in n.inputs):
+                self.generator_cats.append(n)  # placed after grouping (see place_generator_cats)
+            elif is_cat_load(n):
+                self.add(self.new("pointwise", n.outputs[0].type.shape), n)
             else:
                 self.add(self.new("single", n.outputs[0].type.shape if n.outputs else ()), n)
         self.sink_tails()
+        self.place_generator_cats()
         return self.groups
+
+    def _generator_rooted(self, v: Value) -> bool:
+        p = self.defs.get(self.root(v))
+        return p is not None and OPS[p.op].has("generator")
+
+    def place_generator_cats(self) -> None:
+        """A cat of generators (the per-piece factors of passes/simplify.py) is index arithmetic,
+        free like a generator: it is replicated into every kernel that reads it, when each of
+        those is a pointwise kernel over the cat's shape reading it directly; otherwise it is
+        materialized by a pointwise kernel of its own."""
+        escaping = set(self.graph.outputs) | {new for _, new in self.graph.mutations}
+        for n in self.generator_cats:
+            out = n.outputs[0]
+            users = self.graph.users(out)
+            targets = [self.group_of.get(u) for u in users]
+            if out not in escaping and users and all(
+                    g is not None and g.kind == "pointwise" and g.space == out.type.shape and u.op != "cat"
+                    and u.outputs[0].type.shape == g.space and u.outputs[0] not in g.reshaped
+                    and _cat_regions(g.space, [m for m in g.nodes if m.op == "cat"] + [n]) <= MAX_CAT_REGIONS
+                    for u, g in zip(users, targets, strict=True)):
+                self.replicated.add(n)
+                continue
+            g = self.new("pointwise", out.type.shape)
+            self.add(g, n)
+            for u in users:
+                h = self.group_of.get(u)
+                if h is not None and h is not g:
+                    h.deps.add(g)
 
     def sink_tails(self) -> None:
         """Move an elementwise tail of a group into the one group that consumes it, when that
@@ -225,16 +272,22 @@ class _Grouper:
                 continue
             for n in list(reversed(g.nodes)):
                 out = n.outputs[0]
-                if not OPS[n.op].has("elementwise") or out in escaping:
+                cat = n.op == "cat"
+                if not (OPS[n.op].has("elementwise") or cat) or out in escaping:
                     continue
                 users = self.graph.users(out)
-                if not users or any(_is_free(u.op) or self.group_of.get(u) is None for u in users):
-                    continue
+                if not users or any(_is_free(u.op) or self.group_of.get(u) is None or u.op == "cat" for u in users):
+                    continue  # (a cat's inputs are loads: never computed by its own kernel)
                 targets = {self.group_of[u] for u in users}
                 if len(targets) != 1 or g in targets:
                     continue
                 b = targets.pop()
-                if b.kind not in ("pointwise", "matmul") or not self._sinkable_into(b, n, users):
+                if cat:
+                    if b.kind != "pointwise" or out.type.shape != b.space or out in g.reshaped \
+                            or any(self._root_group(v) is b for v in n.inputs) \
+                            or _cat_regions(b.space, [m for m in b.nodes if m.op == "cat"] + [n]) > MAX_CAT_REGIONS:
+                        continue
+                elif b.kind not in ("pointwise", "matmul") or not self._sinkable_into(b, n, users):
                     continue
                 if not self.acyclic(b, n):
                     continue
@@ -272,7 +325,8 @@ class _Grouper:
         p = self.defs.get(x)
         g = self.group_of.get(p) if p is not None else None
         if (g is not None and x not in g.reshaped and x.type.shape == g.space and n.attrs["keepdim"]
-                and ((g.kind == "pointwise") or (g.kind == "reduction" and g.axes == axes))
+                and ((g.kind == "pointwise" and not any(m.op == "cat" for m in g.nodes))
+                     or (g.kind == "reduction" and g.axes == axes))
                 and self.acyclic(g, n)):
             g.kind, g.axes = "reduction", axes
             self.add(g, n)
@@ -324,6 +378,33 @@ class _Grouper:
                 self.add(g, n)
                 return
         self.add(self.new("pointwise", n.outputs[0].type.shape), n)
+
+
+def is_cat_load(n: Node) -> bool:
+    """Can this node be a cat load (see the module docstring)? Its inputs, whatever produces
+    them, are read as buffers or generators: the cat starts its own group, so none is computed
+    by the kernel that reads it."""
+    if n.op != "cat" or not n.outputs or n.outputs[0].type.rank == 0:
+        return False
+    ax = n.attrs["axis"]
+    pieces = sum(1 for v in n.inputs if v.type.shape[ax] > 0)
+    return pieces <= MAX_CAT_PIECES and _cat_regions(n.outputs[0].type.shape, [n]) <= MAX_CAT_REGIONS
+
+
+def _cat_regions(space: tuple[int, ...], cats: list[Node]) -> int:
+    """Number of boxes the cats' piece boundaries cut `space` into (cats have the space's shape)."""
+    cuts: dict[int, set[int]] = {}
+    for n in cats:
+        ax = n.attrs["axis"]
+        pos = 0
+        for v in n.inputs:
+            pos += v.type.shape[ax]
+            if 0 < pos < space[ax]:
+                cuts.setdefault(ax, set()).add(pos)
+    out = 1
+    for c in cuts.values():
+        out *= len(c) + 1
+    return out
 
 
 def _numel(shape) -> int:

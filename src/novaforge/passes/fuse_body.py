@@ -3,13 +3,19 @@
 Body contract, which every backend relies on:
 
 * Body inputs are the buffers the kernel reads (graph inputs or other kernels' outputs), each
-  once, in first-use order. Views of inputs and generators (scalars, iota, fills) are
-  replicated into the body; views of inputs are always expressible with strides.
+  once, in first-use order. Views of inputs and generators (scalars, iota, fills, and cats of
+  generators read by pointwise kernels) are replicated into the body; views of inputs are
+  always expressible with strides.
 * In pointwise, reduction and epilogue code every computed value has a shape that broadcasts
   to the kernel's space (for matmul/attention kernels: the anchor's output shape). Ops that
   fusion joined "through a reshape" are rebuilt in the space: their other operands get
   expand+reshape views, and the kernel output is a reshape of the space-shaped value
   (a store view: same element order).
+* A pointwise body may contain `cat` nodes whose inputs are (views of) body inputs or
+  generators, never values the body computes: they are loads with piecewise addressing along
+  the cat axis (element i of the output reads the piece that holds i). A cat's output has the
+  kernel's space shape and is never viewed inside the body; reduction, matmul and attention
+  bodies hold no cat.
 * Reduction kernels reduce the same axes of the same space everywhere, with keepdim=True.
 * Body outputs are the values other kernels or the graph use, in group order.
 """
@@ -37,7 +43,8 @@ def make_kernel(group, outs: list[Value], defs: dict[Value, Node], grouper, grap
         if bv is not None:
             return bv
         p = defs.get(v)
-        if p is not None and p not in member and (OPS[p.op].has("view") or OPS[p.op].has("generator")):
+        if p is not None and p not in member and (OPS[p.op].has("view") or OPS[p.op].has("generator")
+                                                  or p in grouper.replicated):
             node = emit(p.op, [get(i) for i in p.inputs], p.attrs, p.meta)
             body_val[v] = node.outputs[0]
             return node.outputs[0]

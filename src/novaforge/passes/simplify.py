@@ -6,6 +6,13 @@ reciprocal; neg(neg x), logical_not(logical_not x) -> x; where(c, x, x) -> x;
 cast(cast(x, wide), narrow) -> cast(x, narrow) when the first cast is lossless; casts to the
 value's own dtype removed. When a rewrite would change the shape through broadcasting, the
 result is an `expand` of the simpler value, so types never change.
+
+Scaled pieces of a cat: cat(neg(a), b, mul(c, k)) -> mul(cat(a, b, c), cat(fill(-1), fill(1),
+fill(k))) when each negation / scalar multiple feeds only the cat (RoPE's rotate_half,
+cat(-x2, x1), is the common case). x * -1 == -x and the per-piece product are exact, so the
+result is bit-identical; the data cat then gathers views of buffers only and the sign is a cat
+of fills, both of which fusion turns into loads of one pointwise kernel (passes/fuse.py)
+instead of a negation kernel plus a cat. Counted as `cat_pieces_factored`.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ import math
 
 import torch
 
-from ..ir import Graph, Rewriter, Value
-from ..ir.types import is_float
+from ..ir import Graph, Node, Rewriter, Value
+from ..ir.types import is_float, is_int
 from .context import PassContext
 
 # dtype -> dtypes it converts to without loss
@@ -46,6 +53,7 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
     rw = Rewriter(graph)
     defs: dict[Value, object] = {}
     changed = 0
+    factored = 0
 
     def same_as(n, v: Value) -> Value | None:
         out = n.outputs[0]
@@ -59,6 +67,7 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
         return None
 
     for n in graph.nodes:
+        first_new = len(rw.nodes)
         ins = [rw.get(v) for v in n.inputs]
         repl: Value | None = None
         sv = [scalar_value(defs, v) for v in ins]
@@ -81,6 +90,9 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
             repl = same_as(n, defs[ins[0]].inputs[0])
         elif op == "where" and ins[1] is ins[2]:
             repl = same_as(n, ins[1])
+        elif op == "cat":
+            repl = _factor_cat_scales(rw, graph, n, ins, defs)
+            factored += repl is not None
         elif op == "cast":
             src = defs.get(ins[0])
             if ins[0].type.dtype == n.attrs["dtype"]:
@@ -93,7 +105,7 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
         if repl is not None and repl.type == n.outputs[0].type:
             rw.replace(n.outputs[0], repl)
             changed += 1
-            for node in rw.nodes[-2:]:
+            for node in rw.nodes[first_new:]:
                 for o in node.outputs:
                     defs.setdefault(o, node)
             continue
@@ -105,6 +117,8 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
             defs.setdefault(o, node)
     if ctx is not None:
         ctx.count("rewrites", changed)
+        if factored:
+            ctx.count("cat_pieces_factored", factored)
     return rw.finish() if changed else graph
 
 
@@ -124,3 +138,50 @@ def _pow(rw: Rewriter, n, x: Value, e: float, same_as) -> Value | None:
     if e == -1.0:
         return rw.emit("reciprocal", [x]).out
     return None
+
+
+def _piece_scale(graph: Graph, orig: Value, v: Value, defs: dict) -> tuple[Value, object]:
+    """(base, factor) with v == base * factor, when v is a negation or a scalar multiple that
+    only the cat reads; else (v, 1)."""
+    p = defs.get(v)
+    if p is None or v is not orig or graph.is_output(orig) or len(graph.users(orig)) != 1:
+        return v, 1
+    if p.op == "neg":
+        return p.inputs[0], -1.0 if is_float(v.type.dtype) else -1
+    if p.op == "mul":
+        for i in (0, 1):
+            k = scalar_value(defs, p.inputs[i])
+            other = p.inputs[1 - i]
+            if k is not None and not isinstance(k, bool) and other.type == v.type:
+                return other, k
+    return v, 1
+
+
+def _factor_cat_scales(rw: Rewriter, graph: Graph, n: Node, ins: list[Value], defs: dict) -> Value | None:
+    """cat of scaled pieces -> mul(cat of the bases, cat of per-piece fills); see the module doc."""
+    out = n.outputs[0].type
+    dt = out.dtype
+    if not (is_float(dt) or (is_int(dt) and dt != torch.uint8)) or out.rank == 0:
+        return None
+    scaled = [_piece_scale(graph, o, v, defs) for o, v in zip(n.inputs, ins, strict=True)]
+    if all(f == 1 for _, f in scaled):
+        return None
+    ax = n.attrs["axis"]
+    data = rw.emit("cat", [b for b, _ in scaled], n.attrs, meta=n.meta).out
+    # adjacent pieces with equal factors share one fill
+    runs: list[list] = []
+    for v, (_, f) in zip(ins, scaled, strict=True):
+        if runs and runs[-1][1] == f:
+            runs[-1][0] += v.type.shape[ax]
+        else:
+            runs.append([v.type.shape[ax], f])
+    if len(runs) == 1:
+        sign = rw.emit("scalar", [], value=runs[0][1], dtype=dt, device=out.device).out
+    else:
+        fills = []
+        for length, f in runs:
+            shape = list(out.shape)
+            shape[ax] = length
+            fills.append(rw.emit("full", [], shape=tuple(shape), value=f, dtype=dt, device=out.device).out)
+        sign = rw.emit("cat", fills, n.attrs, meta=n.meta).out
+    return rw.emit("mul", [data, sign], meta=n.meta).out
