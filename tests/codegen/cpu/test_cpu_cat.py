@@ -93,6 +93,18 @@ def test_cut_on_the_outermost_dim_and_few_rows_use_separate_boxes():
     assert "/* box 1" in rendered(c) and "_box" not in rendered(c)
 
 
+def test_two_cats_on_different_axes_in_one_kernel():
+    def fn(a, b, c, d, e):
+        return torch.cat((a, b), 0) * torch.cat((c, d.transpose(0, 1)), 1) + e
+
+    c, _ = check(fn, torch.randn(2, 7), torch.randn(3, 7), torch.randn(5, 4), torch.randn(3, 5), torch.randn(7),
+                 expect_kinds={"pointwise": 1})
+    assert_piecewise(c)
+    c, _ = check(lambda x, y, z: torch.cat((x, y), 1) - torch.cat((z[..., 3:], z[..., :3]), 2), torch.randn(2, 3, 6),
+                 torch.randn(2, 1, 6), torch.randn(2, 4, 6), expect_kinds={"pointwise": 1})
+    assert "/* box 3" in rendered(c)  # 2 x 2 boxes inside the parallel loop over dim 0
+
+
 def test_fill_and_iota_pieces_and_empty_inputs():
     def fn(x, i, e):
         f = torch.cat((x, torch.zeros(4, 3), torch.full((4, 2), 7.0), e), dim=1)

@@ -60,6 +60,14 @@ def test_strided_broadcast_fill_and_iota_pieces():
     assert_fused(c, count=2)
 
 
+def test_two_cats_on_different_axes_in_one_kernel():
+    def fn(a, b, c, d, e):
+        return torch.cat((a, b), 0) * torch.cat((c, d.transpose(0, 1)), 1) + e
+
+    c = check(fn, torch.randn(2, 7), torch.randn(3, 7), torch.randn(5, 4), torch.randn(3, 5), torch.randn(7))
+    assert_fused(c)
+
+
 def test_bf16_pieces():
     a, b = torch.randn(4, 6, 5).to(torch.bfloat16), torch.randn(4, 3, 5).to(torch.bfloat16)
     assert_fused(check(lambda a, b: torch.cat((b, a[:, ::2]), 1).float() * 2, a, b))
