@@ -20,6 +20,13 @@ Candidates (those whose package is missing are skipped):
   ort           ONNX Runtime, one MatMul with a constant weight (MLAS prepacks it), IOBinding
   openvino      OpenVINO, one MatMul with a constant weight, f32 precision hint, LATENCY hint
   nf            nf_sgemm_packed (weights packed by nf_sgemm_pack_b), called through ctypes
+  nf-nt         nf_sgemm_nt: the dot-product kernel reading W [N, K] in place (no packed copy)
+  nf-unpacked   nf_sgemm on B = W^T (stride_k 1): W packed on the fly inside every call (transposed)
+  nf-kn         nf_sgemm on the weight stored [K, N] row-major (GPT-2's Conv1D): packed on the fly
+
+    python benchmarks/gemm_cpu.py --only nf,nf-nt,nf-unpacked --threads 1 --clock process --m 128,1024
+    --rotate R    R different weight matrices per shape, each call uses the next one (R x 7 MB > L3:
+                  weights come from DRAM as in a real forward; every candidate prepares R copies)
 """
 
 from __future__ import annotations
@@ -165,6 +172,35 @@ def build_candidates(threads: int) -> dict[str, Callable]:
         return lambda: (fn(*args), c, pb)[1]
 
     cands["nf"] = nf
+
+    def nf_nt(a, w):
+        M, K = a.shape
+        N = w.shape[0]
+        c = torch.empty(M, N)
+        fn, args = lib.nf_sgemm_nt, (M, N, K, a.data_ptr(), K, 1, w.data_ptr(), K, c.data_ptr(), N, 0, None, threads)
+        return lambda: (fn(*args), c, w)[1]
+
+    cands["nf-nt"] = nf_nt
+
+    def nf_unpacked(a, w):
+        M, K = a.shape
+        N = w.shape[0]
+        c = torch.empty(M, N)
+        fn = lib.nf_sgemm
+        args = (M, N, K, a.data_ptr(), K, 1, w.data_ptr(), 1, K, c.data_ptr(), N, 0, None, threads)
+        return lambda: (fn(*args), c, w)[1]
+
+    cands["nf-unpacked"] = nf_unpacked
+
+    def nf_kn(a, w):  # the weight stored [K, N] row-major (a Conv1D / x @ W weight, as GPT-2's)
+        M, K = a.shape
+        N = w.shape[0]
+        wkn, c = w.t().contiguous(), torch.empty(M, N)
+        fn = lib.nf_sgemm
+        args = (M, N, K, a.data_ptr(), K, 1, wkn.data_ptr(), N, 1, c.data_ptr(), N, 0, None, threads)
+        return lambda: (fn(*args), c, wkn)[1]
+
+    cands["nf-kn"] = nf_kn
     return cands
 
 
@@ -211,17 +247,34 @@ def time_burst(call: Callable, target_s: float) -> float:
     return (CLOCK() - t0) / n
 
 
-def bench_shape(M: int, K: int, N: int, cands: dict, rounds: int, burst_s: float, pause_s: float) -> dict:
+def rotating(calls: list[Callable]) -> Callable:
+    """One call that runs the next of `calls` each time (weights rotating through memory)."""
+    if len(calls) == 1:
+        return calls[0]
+    state = [0]
+
+    def call():
+        i = state[0]
+        state[0] = (i + 1) % len(calls)
+        return calls[i]()
+
+    return call
+
+
+def bench_shape(M: int, K: int, N: int, cands: dict, rounds: int, burst_s: float, pause_s: float,
+                rotate: int = 1) -> dict:
     gen = torch.Generator().manual_seed(M * 7 + K * 13 + N)
     a = torch.randn(M, K, generator=gen)
-    w = torch.randn(N, K, generator=gen) / K**0.5
+    ws = [torch.randn(N, K, generator=gen) / K**0.5 for _ in range(rotate)]
+    w = ws[0]
     ref = a.double() @ w.double().t()
     scale = a.double().abs() @ w.double().abs().t()
     calls = {}
     for name, prepare in cands.items():
         try:
-            calls[name] = prepare(a, w)
-            check(name, calls[name], a, w, ref, scale)
+            first = prepare(a, w)
+            check(name, first, a, w, ref, scale)
+            calls[name] = rotating([first] + [prepare(a, x) for x in ws[1:]])
         except (RuntimeError, AssertionError) as e:
             print(f"  [{name} skipped for {M}x{K}x{N}: {str(e).splitlines()[0][:100]}]", file=sys.stderr)
             calls.pop(name, None)
@@ -338,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", type=str, default=None, help="comma-separated candidate names")
     p.add_argument("--json", type=str, default=None)
     p.add_argument("--no-bmm", action="store_true", help="skip the batched attention-like products")
+    p.add_argument("--rotate", type=int, default=1, help="weight matrices per shape, used in turn (see above)")
+    p.add_argument("--kn", type=str, default=None, help="K x N shapes, e.g. 768x2304,3072x768 (default: all)")
     p.add_argument(
         "--clock",
         choices=["wall", "process"],
@@ -369,12 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, nf isa {gemm.isa()}, "
           f"blocking {gemm.blocking()}, load avg {os.getloadavg()[0]:.1f}")
     names = list(cands)
-    print("| M x K x N | " + " | ".join(names) + " | nf / best peer |")
+    print("| M x K x N | " + " | ".join(names) + " | nf / best peer; time vs nf (packed) |")
     print("|---|" + "---|" * (len(names) + 1))
     results = []
+    kns = [tuple(int(v) for v in x.split("x")) for x in args.kn.split(",")] if args.kn else KN
     for M in ms:
-        for K, N in KN:
-            samples = bench_shape(M, K, N, cands, rounds, args.burst, args.pause)
+        for K, N in kns:
+            samples = bench_shape(M, K, N, cands, rounds, args.burst, args.pause, args.rotate)
             flops = 2.0 * M * N * K
             med = {n: CENTER(s) for n, s in samples.items()}
             cells = []
@@ -385,9 +441,12 @@ def main(argv: list[str] | None = None) -> int:
                 q1, _, q3 = quartiles(samples[n])
                 m = CENTER(samples[n])
                 cells.append(f"{flops / m / 1e9:.1f} [{flops / q3 / 1e9:.0f}-{flops / q1 / 1e9:.0f}]")
-            peers = {n: t for n, t in med.items() if n != "nf"}
+            peers = {n: t for n, t in med.items() if not n.startswith("nf")}
             best = min(peers, key=peers.get) if peers else None
             ratio = f"{peers[best] / med['nf']:.2f} (vs {best})" if best and "nf" in med else "–"
+            for other in ("nf-nt", "nf-unpacked", "nf-kn"):  # time relative to the packed kernel, same run
+                if other in med and "nf" in med:
+                    ratio += f"; {other} {med[other] / med['nf']:.3f}x"
             print(f"| {M} x {K} x {N} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
             results.append({"M": M, "K": K, "N": N, "seconds": samples})
 

@@ -91,20 +91,37 @@ def test_a_strides(a_layout):
         a = torch.randn(M, 2 * K)[:, ::2]
     b = torch.randn(K, N)
     ref, scale = _ref(a, b)
-    _check(gemm.matmul(a, gemm.pack_b(b)), ref, scale, K)
-    _check(gemm.matmul(a, b), ref, scale, K)
+    for path in PATHS:
+        _check(_product(path, a, b, nthreads=2), ref, scale, K)
+
+
+def _product(path: str, a: torch.Tensor, b: torch.Tensor, **kw) -> torch.Tensor:
+    """a @ b (+ epilogue) through one of the library's paths: packed B, B packed on the fly (as given or
+    as a row-major copy), or the dot-product kernel on b.t()."""
+    if path == "packed":
+        return gemm.matmul(a, gemm.pack_b(b), **kw)
+    if path == "unpacked":
+        return gemm.matmul(a, b, **kw)
+    if path == "row_major":
+        return gemm.matmul(a, b.contiguous(), **kw)
+    if path == "nt":
+        return gemm.linear(a, b.t().contiguous(), **kw)
+    raise ValueError(path)
+
+
+PATHS = ["packed", "unpacked", "row_major", "nt"]
 
 
 @pytest.mark.parametrize("act", list(_acts()))
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("packed", [True, False])
-def test_epilogue(act, with_bias, with_residual, packed):
+@pytest.mark.parametrize("path", PATHS)
+def test_epilogue(act, with_bias, with_residual, path):
     M, K, N = 37, 70, 45
     a, b = torch.randn(M, K), torch.randn(N, K).t()
     bias = torch.randn(N) if with_bias else None
     residual = torch.randn(M, N + 5)[:, :N] if with_residual else None  # row stride != N
-    c = gemm.matmul(a, gemm.pack_b(b) if packed else b, bias=bias, act=act, residual=residual, nthreads=2)
+    c = _product(path, a, b, bias=bias, act=act, residual=residual, nthreads=2)
     pre, scale = _ref(a, b)
     if bias is not None:
         pre = pre + bias.double()
@@ -112,6 +129,42 @@ def test_epilogue(act, with_bias, with_residual, packed):
     if residual is not None:
         ref = ref + residual.double()
     _check(c, ref, scale, K, slack=1.5)
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES + [(64, 8, 64), (3, 24, 1000)])
+@pytest.mark.parametrize("w_layout", ["contiguous", "row_padded"])
+def test_linear_matches_torch(M, K, N, w_layout):
+    """The dot-product kernel on W [N, K] read in place: K tails (K % 8), row/column remainders."""
+    a = torch.randn(M, K)
+    w = torch.randn(N, K) if w_layout == "contiguous" else torch.randn(N, K + 7)[:, 2 : 2 + K]
+    ref, scale = _ref(a, w.t())
+    for nthreads in (1, 2, 3):
+        _check(gemm.linear(a, w, nthreads=nthreads), ref, scale, K)
+
+
+@pytest.mark.parametrize("path", ["row_major", "nt"])
+def test_accumulate_and_k_zero_unpacked(path):
+    M, K, N = 20, 33, 19
+    a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
+    c0 = torch.randn(M, N)
+    c = c0.clone()
+    _product(path, a, b, bias=bias, act="relu", out=c, accumulate=True, nthreads=2)
+    pre, scale = _ref(a, b)
+    _check(c, torch.relu(pre + c0.double() + bias.double()), scale, K)
+    z = _product(path, torch.randn(M, 0), torch.randn(0, N), bias=bias, act="relu")
+    assert torch.equal(z, torch.relu(bias).expand(M, N))
+    c = c0.clone()
+    _product(path, torch.randn(M, 0), torch.randn(0, N), out=c, accumulate=True)
+    assert torch.equal(c, c0)
+    assert gemm.linear(torch.randn(0, 8), torch.randn(5, 8)).shape == (0, 5)
+    assert gemm.linear(torch.randn(4, 8), torch.randn(0, 8)).shape == (4, 0)
+
+
+def test_linear_rejects_bad_weights():
+    with pytest.raises(ValueError):
+        gemm.linear(torch.randn(4, 8), torch.randn(8, 5).t())  # not contiguous along K
+    with pytest.raises(ValueError):
+        gemm.linear(torch.randn(4, 8), torch.randn(5, 7))
 
 
 def test_accumulate_and_k_zero():
@@ -136,18 +189,22 @@ def test_zero_size_m_n():
     assert gemm.bmm(torch.randn(0, 3, 4), torch.randn(0, 4, 5)).shape == (0, 3, 5)
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_block_writes_only_its_block(packed):
+@pytest.mark.parametrize("path", ["packed", "unpacked", "nt"])
+def test_block_writes_only_its_block(path):
     M, K, N = 50, 40, 77
     a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
     residual = torch.randn(M, N)
-    rhs = gemm.pack_b(b) if packed else b
     pre, scale = _ref(a, b)
     ref = torch.nn.functional.gelu(pre + bias.double()) + residual.double()
+    w = b.t().contiguous()
     for rows, cols in [((0, M), (0, N)), ((3, 17), (5, 29)), ((49, 50), (76, 77)), ((10, 40), (16, 48)),
                        ((0, 1), (0, 77)), ((7, 7), (0, 5))]:
         out = torch.full((M, N), float("nan"))
-        gemm.matmul_block(a, rhs, out, rows, cols, bias=bias, act="gelu", residual=residual)
+        if path == "nt":
+            gemm.linear_block(a, w, out, rows, cols, bias=bias, act="gelu", residual=residual)
+        else:
+            rhs = gemm.pack_b(b) if path == "packed" else b
+            gemm.matmul_block(a, rhs, out, rows, cols, bias=bias, act="gelu", residual=residual)
         inside = torch.zeros(M, N, dtype=torch.bool)
         inside[rows[0] : rows[1], cols[0] : cols[1]] = True
         assert out[~inside].isnan().all()
@@ -198,6 +255,24 @@ def test_bf16_inputs():
     assert c.dtype == torch.float32
     ref, scale = _ref(a.float(), w.float().t())
     _check(c, ref, scale, K)
+    # unpacked (packed on the fly) bf16 B, as W^T and row-major, with float32 or bf16 A
+    for lhs in (a, a.float()):
+        for rhs in (w.t(), w.t().contiguous()):
+            _check(gemm.matmul(lhs, rhs, nthreads=2), ref, scale, K)
+
+
+@pytest.mark.parametrize("dtypes", [("bf16", "f32"), ("f32", "bf16"), ("bf16", "bf16")])
+def test_linear_bf16(dtypes):
+    M, K, N = 33, 70, 45
+    conv = {"bf16": torch.bfloat16, "f32": torch.float32}
+    a, w, bias = torch.randn(M, K).to(conv[dtypes[0]]), torch.randn(N, K).to(conv[dtypes[1]]), torch.randn(N)
+    c = gemm.linear(a, w, bias=bias, act="silu", nthreads=2)
+    assert c.dtype == torch.float32
+    ref, scale = _ref(a.float(), w.float().t())
+    _check(c, torch.nn.functional.silu(ref + bias.double()), scale, K, slack=1.5)
+    at = torch.randn(K, M).to(conv[dtypes[0]]).t()  # strided bf16/f32 A
+    ref2, scale2 = _ref(at.float(), w.float().t())
+    _check(gemm.linear(at, w), ref2, scale2, K)
 
 
 def test_small_cache_blocking_exercises_all_loops():
@@ -209,17 +284,24 @@ def test_small_cache_blocking_exercises_all_loops():
         assert small["kc"] < 300 <= saved["kc"]  # K = 300 below takes 2 K blocks now, 1 by default
         a, b, bias, res = torch.randn(70, 300), torch.randn(300, 100), torch.randn(100), torch.randn(70, 100)
         pre, scale = _ref(a, b)
-        for rhs in (gemm.pack_b(b), b):
-            c = gemm.matmul(a, rhs, bias=bias, act="gelu_tanh", residual=res, nthreads=2)
-            ref = torch.nn.functional.gelu(pre + bias.double(), approximate="tanh") + res.double()
+        ref = torch.nn.functional.gelu(pre + bias.double(), approximate="tanh") + res.double()
+        for path in PATHS:
+            c = _product(path, a, b, bias=bias, act="gelu_tanh", residual=res, nthreads=2)
             _check(c, ref, scale, 300, slack=1.5)
+        # the dot-product kernel (M < 96): K blocks (partial sums in C), several row blocks, accumulate
+        a2, w2 = torch.randn(90, 300), torch.randn(70, 300)
+        c0 = torch.randn(90, 70)
+        c = gemm.linear(a2, w2, bias=bias[:70], act="relu", out=c0.clone(), accumulate=True, nthreads=2)
+        pre2, scale2 = _ref(a2, w2.t())
+        _check(c, torch.relu(pre2 + c0.double() + bias[:70].double()), scale2, 300)
     finally:
         lib.nf_gemm_set_cache_sizes(*build.cache_sizes().values())
     assert ops.blocking() == saved
 
 
-def test_tile_callback_sees_final_tiles_once():
-    M, K, N = 40, 30, 50
+@pytest.mark.parametrize("path", ["packed", "nt"])
+def test_tile_callback_sees_final_tiles_once(path):
+    M, K, N = 40, 30, 150
     a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
     ref = torch.relu(a.double() @ b.double() + bias.double())
     seen = torch.zeros(M, N, dtype=torch.int32)
@@ -239,18 +321,24 @@ def test_tile_callback_sees_final_tiles_once():
     ep.act = build.ACTS["relu"]
     ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
     out = torch.empty(M, N)
-    pb = gemm.pack_b(b)
-    ops.lib().nf_sgemm_packed(M, N, K, a.data_ptr(), K, 1, pb.ptr(), out.data_ptr(), N, 0, ctypes.byref(ep), 1)
+    if path == "packed":
+        pb = gemm.pack_b(b)
+        ops.lib().nf_sgemm_packed(M, N, K, a.data_ptr(), K, 1, pb.ptr(), out.data_ptr(), N, 0, ctypes.byref(ep), 1)
+    else:
+        w = b.t().contiguous()
+        ops.lib().nf_sgemm_nt(M, N, K, a.data_ptr(), K, 1, w.data_ptr(), K, out.data_ptr(), N, 0, ctypes.byref(ep), 2)
     assert torch.equal(seen, torch.ones(M, N, dtype=torch.int32))
     assert max(errors) < 1e-4
 
 
 @pytest.mark.parametrize(
     "variant",
-    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=8", "-DNF_GEMM_NV=3")), ("avx2", ("-DNF_GEMM_MR=3",))],
+    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=8", "-DNF_GEMM_NV=3", "-DNF_GEMM_DOT_MR=4")),
+     ("avx2", ("-DNF_GEMM_MR=3", "-DNF_GEMM_DOT_MR=2", "-DNF_GEMM_DOT_NR=6"))],
 )
 def test_other_builds(variant):
-    """The portable fallback, and other tile shapes (AVX-512 uses 8 x 3 vectors) on this machine's ISA."""
+    """The portable fallback, and other tile shapes on this machine's ISA: AVX-512's (8 x 3 vectors,
+    dot-product 4 x 4), a 3-row tile with a 2 x 6 dot-product tile (scalar reductions)."""
     isa, extra = variant
     lib = build.load(isa, extra)
     with ops.using(lib):
@@ -263,6 +351,9 @@ def test_other_builds(variant):
                 c = gemm.matmul(a, gemm.pack_b(b), bias=bias, act=act, residual=res, nthreads=2)
                 _check(c, _acts()[act](pre + bias.double()) + res.double(), scale, K, slack=1.5)
             _check(gemm.matmul(a, b, nthreads=2), pre, scale, K)
+            _check(gemm.matmul(a, b.contiguous(), nthreads=2), pre, scale, K)
+            c = gemm.linear(a, b.t(), bias=bias, act="gelu_tanh", residual=res, nthreads=2)
+            _check(c, _acts()["gelu_tanh"](pre + bias.double()) + res.double(), scale, K, slack=1.5)
 
 
 GENERATED_STYLE_CPP = r"""
@@ -304,10 +395,20 @@ int main() {
 #pragma omp single
         nf_sgemm_packed(M, N, K, A.data(), K, 1, P.data(), D.data(), N, 0, &ep, 2);  // runs serially
     }
+    // the weight read in place (no packed copy): threaded entry, and blocks in the caller's loop
+    std::vector<float> E(M * N), F(M * N);
+    nf_sgemm_nt(M, N, K, A.data(), K, 1, W.data(), K, E.data(), N, 0, &ep, 2);
+#pragma omp parallel for collapse(2) num_threads(3)
+    for (long bi = 0; bi < tm; ++bi)
+        for (long bj = 0; bj < tn; ++bj)
+            nf_sgemm_nt_block(M, N, K, A.data(), K, 1, W.data(), K, F.data(), N, M * bi / tm, M * (bi + 1) / tm,
+                              N * bj / tn, N * (bj + 1) / tn, 0, &ep);
     double worst = 0;
     for (long i = 0; i < M * N; ++i) {
         worst = fmax(worst, fabs(C[i] - R[i]) / (1 + fabs(R[i])));
         worst = fmax(worst, fabs(2.f * D[i] - R[i]) / (1 + fabs(R[i])));
+        worst = fmax(worst, fabs(2.f * E[i] - R[i]) / (1 + fabs(R[i])));
+        worst = fmax(worst, fabs(2.f * F[i] - R[i]) / (1 + fabs(R[i])));
     }
     printf("%g\n", worst);
     return worst < 1e-4 ? 0 : 1;

@@ -100,7 +100,7 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
     lines.append(f"{'#':>3} {'x':>3}  {'kernel':<24}{'kind':<11}{'executor':<10}{'MFLOP':>9}{'KiB':>10}"
                  f"{'flop/B':>8}  ops")
     schedules = getattr(stats.program, "schedules", {}) if stats.program is not None else {}
-    for i, (key, rs) in enumerate(groups.items()):
+    for i, (_key, rs) in enumerate(groups.items()):
         if i >= max_kernels:
             lines.append(f"    ... {len(groups) - max_kernels} more distinct kernels")
             break

@@ -1,8 +1,17 @@
 """Matmul kernels on the nf_gemm library (codegen/cpu/gemm): one generated C function per kernel.
 
-The generated function calls `nf_sgemm_packed` (B is a constant: packed once at build time),
-`nf_sgemm` (B is an activation or a live parameter) or `nf_sgemm_batched` (batched operands
-whose batch dims coalesce), with the kernel's epilogue fused:
+The generated function calls, by B's layout (B(k, n) = B[k*rs_b + n*cs_b]):
+
+* `nf_sgemm_packed` / `nf_gemm_bf16_packed` when B is a constant that the backend packs at build
+  time (option `pack_weights=True`: a packed copy of every weight, the fastest GEMM, 2x the weights'
+  memory);
+* otherwise nothing is copied: `nf_gemm_nt_mixed` (dot-product kernel) when B is k-contiguous
+  (rs_b = 1: an nn.Linear weight [N, K] seen as W^T), `nf_sgemm` / `nf_gemm_mixed` for other
+  layouts (row-major B, e.g. a Conv1D weight [K, N], is read in place by the micro-kernel; strided B
+  is packed on the fly per block), `nf_sgemm_batched` for batched operands whose batch dims
+  coalesce (float32 only);
+
+with the kernel's epilogue fused:
 
 * a leading bias add over the columns, then a GELU / SiLU / ReLU, go into the library's
   register epilogue (`nf_epilogue.bias`, `.act`);
@@ -172,9 +181,14 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     geo = _geometry(a, b, a_t)
     if geo is None or geo.K == 0 or a.dtype not in (torch.float32, torch.bfloat16):
         return None
-    packed = b.buf in const_bufs and not geo.batched and b.dtype in (torch.float32, torch.bfloat16)
-    if not packed and (a.dtype != torch.float32 or b.dtype != torch.float32):
+    if b.dtype not in (torch.float32, torch.bfloat16):
         return None
+    packed = b.buf in const_bufs and not geo.batched
+    mixed = torch.bfloat16 in (a.dtype, b.dtype)
+    if geo.batched and mixed:
+        return None
+    # B = W^T with W [N, K] contiguous along K: the dot-product kernel reads it in place
+    nt = not packed and not geo.batched and geo.b[1] == 1 and geo.b[2] != 1
     for o in body.outputs:
         check_dtype(o.type.dtype)
     epi, bias_buf, bias_off, act = _peel(epi, a_t.shape)
@@ -208,7 +222,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     flops = 2.0 * geo.batch * geo.M * geo.N * geo.K
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
     sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
-    desc = (f"gemm|{geo}|packed={packed}|bias={bias_buf},{bias_off}|act={act}|direct={direct}|inplace={inplace}"
+    desc = (f"gemm|{geo}|packed={packed}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}|inplace={inplace}"
             f"|{a.layout}|{b.layout}")
     key = kernel.structural_key + "|" + desc
     name = function_name(key, sched, "m")
@@ -242,8 +256,15 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
                 code(f"nf_sgemm_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {bp}, {c_ptr}, "
                      f"{geo.N}, 0, &ep, {threads});")
         else:
-            b_ptr = f"((const float*)p{1 + b.buf} + {b.layout.offset})"
-            if geo.batched:
+            b_ptr = f"((const {'float' if b.dtype == torch.float32 else 'uint16_t'}*)p{1 + b.buf} + {b.layout.offset})"
+            a16, b16 = int(a.dtype == torch.bfloat16), int(b.dtype == torch.bfloat16)
+            if nt:
+                code(f"nf_gemm_nt_mixed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {a16}, {geo.a[1]}, {geo.a[2]}, {b_ptr}, "
+                     f"{b16}, {geo.b[2]}, {c_ptr}, {geo.N}, 0, &ep, {threads});")
+            elif mixed:
+                code(f"nf_gemm_mixed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {a16}, {geo.a[1]}, {geo.a[2]}, {b_ptr}, "
+                     f"{b16}, {geo.b[1]}, {geo.b[2]}, {c_ptr}, {geo.N}, 0, &ep, {threads});")
+            elif geo.batched:
                 code(f"nf_sgemm_batched({geo.batch}, {geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[0]}, {geo.a[1]}, "
                      f"{geo.a[2]}, {b_ptr}, {geo.b[0]}, {geo.b[1]}, {geo.b[2]}, {c_ptr}, {geo.bs_c}, {geo.N}, 0, &ep, "
                      f"{threads});")

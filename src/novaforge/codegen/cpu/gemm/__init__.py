@@ -1,4 +1,5 @@
-"""novaforge's CPU float32 GEMM: a BLIS-style packed-B kernel library (C API in nf_gemm.h).
+"""novaforge's CPU float32 GEMM: a BLIS-style packed-B kernel library plus a dot-product kernel
+that reads nn.Linear weights in place (C API in nf_gemm.h).
 
 Invariant: this package only builds/loads the C library and wraps it; generated code talks to
 the same library through nf_gemm.h (include_dir(), link_args()), so Python and generated C++
@@ -8,7 +9,7 @@ always run the same compiled kernels. See docs/cpu-gemm.md.
 from __future__ import annotations
 
 from .build import ACTS, cache_sizes, include_dir, library_path, link_args, load, source_files
-from .ops import PackedB, blocking, bmm, isa, matmul, matmul_block, pack_b, panel_width
+from .ops import PackedB, blocking, bmm, isa, linear, linear_block, matmul, matmul_block, pack_b, panel_width
 
 __all__ = [
     "ACTS",
@@ -19,6 +20,8 @@ __all__ = [
     "include_dir",
     "isa",
     "library_path",
+    "linear",
+    "linear_block",
     "link_args",
     "load",
     "matmul",

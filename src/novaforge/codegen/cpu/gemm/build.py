@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = ("nf_gemm.cpp",)
-HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h")
+SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp")
+HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_internal.h")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
 ISA_FLAGS = {
     "native": ("-march=native",),
@@ -197,6 +197,12 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nf_sgemm_block": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _L, _L, _L, _L, _L, _I, _EP]),
     "nf_sgemm_batched": (None, [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _EP, _I]),
     "nf_gemm_bf16_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),
+    "nf_gemm_mixed": (None, [_L, _L, _L, _P, _I, _L, _L, _P, _I, _L, _L, _P, _L, _I, _EP, _I]),
+    "nf_sgemm_nt_mr": (_I, []),
+    "nf_sgemm_nt_nr": (_I, []),
+    "nf_sgemm_nt": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _P, _L, _I, _EP, _I]),
+    "nf_sgemm_nt_block": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _P, _L, _L, _L, _L, _L, _I, _EP]),
+    "nf_gemm_nt_mixed": (None, [_L, _L, _L, _P, _I, _L, _L, _P, _I, _L, _P, _L, _I, _EP, _I]),
 }
 
 

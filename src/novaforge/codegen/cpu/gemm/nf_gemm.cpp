@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "nf_gemm_internal.h"
 #include "nf_gemm_kernel.h"
 
 using nfk::MR;
@@ -39,6 +40,7 @@ struct Blocking {
     long kc;  // deepest K block: an MR x KC micro-panel of A takes three quarters of L1d
     long mc;  // most rows per row block
     long l2;  // L2 bytes: row blocks and column blocks are sized from it per call
+    long l1;  // L1d bytes (the dot-product entries size their K blocks from it)
 };
 
 Blocking blocking_for(long l1d, long l2) {
@@ -48,10 +50,11 @@ Blocking blocking_for(long l1d, long l2) {
     b.kc = std::min(4096L, std::max(64L, (l1d * 3 / 4 / (MR * 4)) / 8 * 8));
     b.mc = std::min(2040L, 1000L * MR) / MR * MR;
     b.l2 = l2;
+    b.l1 = l1d;
     return b;
 }
 
-Blocking g_blocking = {0, 0, 0};
+Blocking g_blocking = {0, 0, 0, 0};
 
 const Blocking& blocking() {
     if (g_blocking.kc == 0) {
@@ -103,7 +106,8 @@ struct Problem {
     long bs_a, rs_a, cs_a;
     const float* Bp;  // packed B (panel stride K*NR), or nullptr: use B
     long bs_bp;
-    const float* B;
+    const float* B;  // (uint16_t bf16 when b_bf16)
+    bool b_bf16;
     long bs_b, rs_b, cs_b;
     float* C;
     long bs_c, ldc;
@@ -149,10 +153,29 @@ void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* ds
     }
 }
 
+#ifndef NF_PACK_PF
+#define NF_PACK_PF 8
+#endif
+
 /* dst[(p-p0)*pstride + k*NR + j] = B(k0+k, p*NR+j), zero past column N. */
 template <typename T>
 void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long p0, long p1, float* dst,
                    long pstride) {
+    if (cs == 1 && sizeof(T) == 4 && p1 * NR <= N) {
+        // row-major float32 source ([K, N], e.g. a Conv1D weight): vector copies, row by row (each source
+        // row is visited once per block, not once per panel: a new page per row when rows are long)
+        const long row_lines = cdiv((p1 - p0) * NR * 4, 64) + 1;
+        for (long k = 0; k < kc; ++k) {
+            const float* src = (const float*)B + (k0 + k) * rs + p0 * NR;
+            float* d = dst + k * NR;
+            if (NF_PACK_PF > 0 && k + NF_PACK_PF < kc)  // rows are pages apart: no hardware prefetch across them
+                for (long l = 0; l < row_lines; ++l) nfs::vprefetch((const char*)(src + NF_PACK_PF * rs) + l * 64);
+            for (long p = 0; p < p1 - p0; ++p)
+                for (int g = 0; g < nfk::NV; ++g)
+                    nfs::vstore(d + p * pstride + g * nfs::W, nfs::vload(src + p * NR + g * nfs::W));
+        }
+        return;
+    }
     for (long p = p0; p < p1; ++p) {
         float* d = dst + (p - p0) * pstride;
         const long c0 = p * NR;
@@ -167,7 +190,19 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
                 }
                 for (int j = w; j < NR; ++j) dk[j] = 0.f;
             }
-        } else {  // column-contiguous source (e.g. nn.Linear weight [N, K]): walk each column along k
+        } else if (rs == 1) {  // k-contiguous source (nn.Linear weight [N, K]): W x W block transposes
+            const long kv = kc / nfs::W * nfs::W;
+            for (long k = 0; k < kv; k += nfs::W)
+                for (int g = 0; g < nfk::NV; ++g) {
+                    nfs::vf r[nfs::W];
+                    const T* src = B + k0 + k + (c0 + g * nfs::W) * cs;
+                    for (int l = 0; l < nfs::W; ++l) r[l] = nfs::vload((const float*)src + l * cs);
+                    nfs::vtranspose(r);
+                    for (int l = 0; l < nfs::W; ++l) nfs::vstore(d + (k + l) * NR + g * nfs::W, r[l]);
+                }
+            for (long k = kv; k < kc; ++k)
+                for (int j = 0; j < NR; ++j) d[k * NR + j] = B[k0 + k + (c0 + j) * cs];
+        } else {  // column-contiguous source: walk each column along k
             for (int j = 0; j < NR; ++j) {
                 const T* src = B + k0 * rs + (c0 + j) * cs;
                 for (long k = 0; k < kc; ++k) d[k * NR + j] = src[k * rs];
@@ -175,6 +210,31 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
         }
     }
 }
+
+/* The lines of a 2-D region (rows of row_bytes, row_stride apart) prefetched into L2 a share at a time:
+ * the source of the next block of unpacked B arrives while the current block is multiplied. */
+struct RegionPrefetch {
+    const char* base = nullptr;
+    long stride = 0, lines = 0, total = 0, done = 0;
+    void set(const void* p, long row_stride, long rows, long row_bytes) {
+        base = (const char*)p;
+        stride = row_stride;
+        lines = cdiv(row_bytes, 64) + 1;  // + 1: the row may start mid-line
+        total = rows > 0 && row_bytes > 0 ? rows * lines : 0;
+        done = 0;
+    }
+    void upto(long n) {
+        for (n = std::min(n, total); done < n; ++done) nfs::vprefetch_l2(base + (done / lines) * stride + (done % lines) * 64);
+    }
+};
+
+#ifndef NF_GEMM_PREFETCH_B
+#define NF_GEMM_PREFETCH_B 512
+#endif
+#ifndef NF_GEMM_UNPACKED_PACK_A
+#define NF_GEMM_UNPACKED_PACK_A 0
+#endif
+constexpr long kPrefetchB = NF_GEMM_PREFETCH_B;  // most rows per block for which the next B block is prefetched
 
 #ifndef NF_GEMM_PACK_A_MIN_PANELS
 #define NF_GEMM_PACK_A_MIN_PANELS 32
@@ -188,15 +248,19 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     // K blocks of at most KC (one block for K <= KC: C is then written once, never reloaded)
     const long nk = K > 0 ? cdiv(K, bl.kc) : 1;
     const long kcb = K > 0 ? cdiv(K, nk) : 0, kk = std::max(kcb, 1L);
+    const long p0 = n0 / NR, p1 = cdiv(n1, NR);
     // row block: its A (mc x kcb) fits L2 (measured 2-4% faster than half of L2 for M = 1024);
     // column block: ncp panels of B (kcb x ncp*NR) take a quarter of L2
-    const long mc_max = std::max(8L * MR, std::min(bl.mc, bl.l2 / (kk * 4) / MR * MR));
+    long mc_max = std::max(8L * MR, std::min(bl.mc, bl.l2 / (kk * 4) / MR * MR));
+    // A is packed (once per row block, for all K) when it is strided or bf16, or, with packed B, when many
+    // panels reuse it. With unpacked B there is one row block when A is read in place (its tiles stream
+    // from L2/L3), so that each block of B is packed once per call.
+    const bool pack_a = P.a_bf16 || P.cs_a != 1 || ((P.Bp || NF_GEMM_UNPACKED_PACK_A) && p1 - p0 >= kPackAMinPanels);
+    if (!P.Bp) mc_max = std::max(mc_max, std::min({m1 - m0, 1000L * MR, pack_a ? (4L << 20) / std::max(K, 1L) / MR * MR : m1}));
     const long nmb = cdiv(m1 - m0, mc_max);
     const long mc = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), MR) * MR);
-    const long p0 = n0 / NR, p1 = cdiv(n1, NR);
     const long ncp = std::max(2L, bl.l2 / 4 / (kk * NR * 4));
     Scratch& ws = t_scratch;
-    const bool pack_a = P.a_bf16 || P.cs_a != 1 || p1 - p0 >= kPackAMinPanels;
     float* abuf = pack_a ? Scratch::grow(ws.a, ws.a_cap, mc * std::max(K, 1L) + 16) : nullptr;
     float* bbuf = P.Bp ? nullptr : Scratch::grow(ws.b, ws.b_cap, ncp * NR * kcb + 16);
 
@@ -225,6 +289,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
             }
         }
         const float* a_in_place = (const float*)P.A + bi * P.bs_a + ic * P.rs_a;
+        RegionPrefetch pf;
         for (long pj = p0; pj < p1; pj += ncp) {
             const long pje = std::min(p1, pj + ncp);
             const long c_lo = std::max(n0, pj * NR), c_hi = std::min(n1, pje * NR);
@@ -239,10 +304,26 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                         bbase = P.Bp + bi * P.bs_bp + pj * K * NR + k0 * NR;
                         pstride = K * NR;
                     } else {
-                        pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
+                        if (P.b_bf16)
+                            pack_b_panels((const uint16_t*)P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje,
+                                          bbuf, kc * NR);
+                        else
+                            pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
                         bbase = bbuf;
                         pstride = kc * NR;
                     }
+                }
+                // unpacked B: prefetch the source of the next block (same columns, next K block, or next columns)
+                pf.total = 0;
+                if (mcb <= kPrefetchB && !P.Bp && (kb + 1 < nk || pj + ncp < p1)) {
+                    const long pjn = kb + 1 < nk ? pj : pj + ncp, k0n = kb + 1 < nk ? k0 + kcb : 0;
+                    const long kcn = std::min(kcb, K - k0n), c0 = pjn * NR, c1 = std::min(P.N, std::min(p1, pjn + ncp) * NR);
+                    const long es = P.b_bf16 ? 2 : 4;
+                    const char* src = (const char*)P.B + bi * P.bs_b * es;
+                    if (P.cs_b == 1)
+                        pf.set(src + (k0n * P.rs_b + c0) * es, P.rs_b * es, kcn, (c1 - c0) * es);
+                    else if (P.rs_b == 1)
+                        pf.set(src + (k0n + c0 * P.cs_b) * es, P.cs_b * es, c1 - c0, kcn * es);
                 }
                 // one micro-kernel call: row tile t x panel p
                 auto run = [&](int t, long p) {
@@ -267,6 +348,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 // each row tile's A micro-panel stays in L1 while it sweeps the ncp panels of B (in L2)
                 for (int t = 0; t < nt; ++t) {
                     for (long p = pj; p < pje; ++p) run(t, p);
+                    pf.upto(pf.total * (t + 1) / nt);
                     if (last && tile_fn)
                         ep->tile_fn(ep->tile_ctx, bi, C + (ic + tile_row[t]) * P.ldc + c_lo, P.ldc, ic + tile_row[t],
                                     c_lo, tiles[t], c_hi - c_lo);
@@ -362,7 +444,7 @@ Problem make_problem(long M, long N, long K, const void* A, bool a_bf16, long bs
     P.M = M, P.N = N, P.K = K;
     P.A = A, P.a_bf16 = a_bf16, P.bs_a = bs_a, P.rs_a = rs_a, P.cs_a = cs_a;
     P.Bp = Bp, P.bs_bp = bs_bp;
-    P.B = B, P.bs_b = bs_b, P.rs_b = rs_b, P.cs_b = cs_b;
+    P.B = B, P.bs_b = bs_b, P.rs_b = rs_b, P.cs_b = cs_b, P.b_bf16 = false;
     P.C = C, P.bs_c = bs_c, P.ldc = ldc;
     P.accumulate = accumulate != 0;
     P.ep = ep;
@@ -379,6 +461,11 @@ void pack_b_all(long K, long N, const T* B, long sk, long sn, float* packed) {
 
 }  // namespace
 
+namespace nfi {
+long l1d_bytes() { return blocking().l1; }
+long l2_bytes() { return blocking().l2; }
+}  // namespace nfi
+
 /* ---------------- C API ---------------- */
 
 extern "C" {
@@ -392,7 +479,7 @@ void nf_gemm_set_cache_sizes(long l1d, long l2, long l3) {
     (void)l3;
     const Blocking cur = blocking();
     Blocking b = blocking_for(l1d, l2);
-    if (l1d <= 0) b.kc = cur.kc;
+    if (l1d <= 0) b.kc = cur.kc, b.l1 = cur.l1;
     if (l2 <= 0) b.l2 = cur.l2;
     g_blocking = b;
 }
@@ -459,6 +546,14 @@ void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long b
     run(make_problem(M, N, K, A, false, bs_a, rs_a, cs_a, nullptr, 0, B, bs_b, rs_b, cs_b, C, bs_c, ldc, accumulate,
                      ep),
         batch, nthreads);
+}
+
+void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* B, int b_bf16,
+                   long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    Problem P = make_problem(M, N, K, A, a_bf16 != 0, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0,
+                             ldc, accumulate, ep);
+    P.b_bf16 = b_bf16 != 0;
+    run(P, 1, nthreads);
 }
 
 void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const float* Bp, float* C,

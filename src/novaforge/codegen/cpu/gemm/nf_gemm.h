@@ -38,7 +38,8 @@ enum nf_isa { NF_ISA_GENERIC = 0, NF_ISA_AVX2 = 1, NF_ISA_AVX512 = 2 };
 /* Called on each finished C tile (rows [row0, row0+rows) x cols [col0, col0+cols) of the
  * batch entry `batch`; `c` points at C[row0, col0]) right after the built-in epilogue,
  * while the tile is in cache: nf_gemm_mc() rows x one panel (nf_sgemm_nr() columns) at most, or
- * one row tile (nf_sgemm_mr() rows) x a few panels when K is short. Multi-threaded
+ * one row tile (nf_sgemm_mr() rows) x a few panels when K is short; for the nf_*_nt entries, one
+ * row block x up to 64 columns. Multi-threaded
  * entries call it from several threads at once (on disjoint tiles): it must be thread-safe. */
 typedef void (*nf_tile_fn)(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows,
                            long cols);
@@ -86,8 +87,9 @@ void nf_sgemm_packed_batched(long batch, long M, long N, long K, const float* A,
                              long cs_a, const float* Bp, long bs_bp, float* C, long bs_c, long ldc,
                              int accumulate, const nf_epilogue* ep, int nthreads);
 
-/* ---- GEMM with unpacked B (activations; B is packed on the fly, per thread) ---- */
-/* B(k, n) = B[k*rs_b + n*cs_b] */
+/* ---- GEMM with unpacked B (activations, or weights without a packed copy) ----
+ * B(k, n) = B[k*rs_b + n*cs_b]. Row-major B (cs_b = 1) is read in place by the micro-kernel;
+ * other layouts are packed on the fly, one KC x NC block at a time, per thread. */
 void nf_sgemm(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
               long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
 void nf_sgemm_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
@@ -96,6 +98,28 @@ void nf_sgemm_block(long M, long N, long K, const float* A, long rs_a, long cs_a
 void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long bs_a, long rs_a, long cs_a,
                       const float* B, long bs_b, long rs_b, long cs_b, float* C, long bs_c, long ldc,
                       int accumulate, const nf_epilogue* ep, int nthreads);
+
+/* A and/or B in bfloat16 (a_bf16 / b_bf16 = 1: that operand is uint16_t bf16, else float32), B
+ * packed on the fly; float32 accumulation and output. */
+void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* B, int b_bf16,
+                   long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+
+/* ---- GEMM with B = W^T, W row-major [N, K] (an nn.Linear weight), no packed copy of W ----
+ * C = A @ W^T with W(j, k) = W[j*ldw + k]. With few rows (M < 96: decode) a dot-product micro-kernel
+ * (nf_sgemm_nt_mr() rows of A x nf_sgemm_nt_nr() rows of W) reads both operands along K in place; its
+ * epilogue is a vectorized pass over each finished chunk of C, then tile_fn is called on it (a row
+ * block x up to 64 columns); A with cs_a != 1 (or bf16) is copied into per-thread scratch. With more
+ * rows these entries run nf_sgemm / nf_gemm_mixed on B = W^T (W packed on the fly, block by block). */
+int nf_sgemm_nt_mr(void);
+int nf_sgemm_nt_nr(void);
+void nf_sgemm_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* W, long ldw, float* C,
+                 long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+void nf_sgemm_nt_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* W, long ldw,
+                       float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate, const nf_epilogue* ep);
+/* A and/or W in bfloat16 (a_bf16 / w_bf16 = 1: that operand is uint16_t bf16, else float32); float32
+ * accumulation and output. bf16 W rows are converted to float32 per row block (into L1 scratch). */
+void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* W,
+                      int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
 
 /* ---- bfloat16 inputs, float32 accumulation and output ----
  * A is bf16 (converted while packing A); Bp comes from nf_sgemm_pack_b_bf16 (or _pack_b). */

@@ -51,6 +51,34 @@ NF_INLINE vf vpow2i(vi n) {  // 2^n as float bits, n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
 }
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
+NF_INLINE float vhsum(vf v) { return _mm512_reduce_add_ps(v); }
+/* r[i][j] <- r[j][i] for the W x W block held in r (through memory: not on a measured path) */
+NF_INLINE void vtranspose(vf (&r)[W]) {
+    alignas(64) float t[W * W];
+    for (int i = 0; i < W; ++i) _mm512_store_ps(t + i * W, r[i]);
+    for (int i = 0; i < W; ++i) r[i] = _mm512_set_ps(t[15 * W + i], t[14 * W + i], t[13 * W + i], t[12 * W + i],
+                                                     t[11 * W + i], t[10 * W + i], t[9 * W + i], t[8 * W + i],
+                                                     t[7 * W + i], t[6 * W + i], t[5 * W + i], t[4 * W + i],
+                                                     t[3 * W + i], t[2 * W + i], t[1 * W + i], t[0 * W + i]);
+}
+/* [lanes 0-7 of v] + [lanes 8-15 of v] (AVX-512F only: no DQ extract) */
+NF_INLINE __m256 vfold256(vf v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+/* out[0..3] (+ out[0..3] if add) = the horizontal sums of a, b, c, d */
+NF_INLINE void vhsum4_store(vf a, vf b, vf c, vf d, float* out, bool add) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(vfold256(a), vfold256(b)), _mm256_hadd_ps(vfold256(c), vfold256(d)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    if (add) s = _mm_add_ps(s, _mm_loadu_ps(out));
+    _mm_storeu_ps(out, s);
+}
+/* the same for two groups of four vectors (two C rows of a dot-product tile) */
+NF_INLINE void vhsum4x2_store(vf a0, vf a1, vf a2, vf a3, vf b0, vf b1, vf b2, vf b3, float* out0, float* out1,
+                              bool add) {
+    vhsum4_store(a0, a1, a2, a3, out0, add);
+    vhsum4_store(b0, b1, b2, b3, out1, add);
+}
 }  // namespace nfs
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -88,6 +116,51 @@ NF_INLINE vf vpow2i(vi n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
 }
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
+NF_INLINE float vhsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+/* r[i][j] <- r[j][i] for the 8 x 8 block held in r */
+NF_INLINE void vtranspose(vf (&r)[W]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+/* [sum of lanes 0-3 of a, b, c, d | sum of lanes 4-7 of a, b, c, d] */
+NF_INLINE __m256 vhsum4_halves(vf a, vf b, vf c, vf d) {
+    return _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+}
+/* out[0..3] (+ out[0..3] if add) = the horizontal sums of a, b, c, d */
+NF_INLINE void vhsum4_store(vf a, vf b, vf c, vf d, float* out, bool add) {
+    const __m256 t = vhsum4_halves(a, b, c, d);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    if (add) s = _mm_add_ps(s, _mm_loadu_ps(out));
+    _mm_storeu_ps(out, s);
+}
+/* the same for two groups of four vectors (two C rows of a dot-product tile): one 8-lane result */
+NF_INLINE void vhsum4x2_store(vf a0, vf a1, vf a2, vf a3, vf b0, vf b1, vf b2, vf b3, float* out0, float* out1,
+                              bool add) {
+    const __m256 ta = vhsum4_halves(a0, a1, a2, a3), tb = vhsum4_halves(b0, b1, b2, b3);
+    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(ta, tb, 0x20), _mm256_permute2f128_ps(ta, tb, 0x31));
+    if (add) s = _mm256_add_ps(s, _mm256_loadu2_m128(out1, out0));
+    _mm_storeu_ps(out0, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(out1, _mm256_extractf128_ps(s, 1));
+}
 }  // namespace nfs
 
 #else
@@ -131,6 +204,30 @@ NF_INLINE vf vround(vf a) {
 NF_INLINE vi vcvt_i32(vf a) { return __builtin_convertvector(a, vi); }
 NF_INLINE vf vpow2i(vi n) { return (vf)((n + 127) << 23); }
 NF_INLINE void vprefetch(const void* p) { __builtin_prefetch(p); }
+NF_INLINE void vprefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+NF_INLINE void vtranspose(vf (&r)[W]) {
+    for (int i = 0; i < W; ++i)
+        for (int j = i + 1; j < W; ++j) {
+            const float t = r[i][j];
+            r[i][j] = r[j][i];
+            r[j][i] = t;
+        }
+}
+NF_INLINE float vhsum(vf v) {
+    float s = 0.f;
+    for (int l = 0; l < W; ++l) s += v[l];
+    return s;
+}
+/* out[0..3] (+ out[0..3] if add) = the horizontal sums of a, b, c, d */
+NF_INLINE void vhsum4_store(vf a, vf b, vf c, vf d, float* out, bool add) {
+    const float s[4] = {vhsum(a), vhsum(b), vhsum(c), vhsum(d)};
+    for (int j = 0; j < 4; ++j) out[j] = add ? out[j] + s[j] : s[j];
+}
+NF_INLINE void vhsum4x2_store(vf a0, vf a1, vf a2, vf a3, vf b0, vf b1, vf b2, vf b3, float* out0, float* out1,
+                              bool add) {
+    vhsum4_store(a0, a1, a2, a3, out0, add);
+    vhsum4_store(b0, b1, b2, b3, out1, add);
+}
 }  // namespace nfs
 #endif
 

@@ -136,7 +136,8 @@ def matmul(
     accumulate: bool = False,
     nthreads: int = 0,
 ) -> torch.Tensor:
-    """act(a @ b [+ out if accumulate] + bias) + residual for 2-D a[M, K] (any strides; bf16 with packed b)."""
+    """act(a @ b [+ out if accumulate] + bias) + residual for 2-D a[M, K] (any strides); a and b float32 or
+    bfloat16 (float32 accumulation and result)."""
     _check_cpu(a, "a", (torch.float32, torch.bfloat16))
     if a.dim() != 2:
         raise ValueError("matmul expects a 2-D a; use bmm for batches")
@@ -150,9 +151,12 @@ def matmul(
     c = _out((M, N), out)
     keep: list[torch.Tensor] = []
     ep = _epilogue(N, (M,), bias, act, residual, keep)
-    if a.dtype == torch.bfloat16:
-        if not isinstance(b, PackedB):
-            b = pack_b(b)
+    if not isinstance(b, PackedB) and torch.bfloat16 in (a.dtype, b.dtype):
+        _check_cpu(b, "b", (torch.float32, torch.bfloat16))
+        lib().nf_gemm_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
+                            b.data_ptr(), int(b.dtype == torch.bfloat16), b.stride(0), b.stride(1), c.data_ptr(),
+                            c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
+    elif a.dtype == torch.bfloat16:
         lib().nf_gemm_bf16_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
                                   c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
     elif isinstance(b, PackedB):
@@ -191,6 +195,72 @@ def matmul_block(
     else:
         lib().nf_sgemm_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0),
                              b.stride(1), c.data_ptr(), c.stride(0), m0, m1, n0, n1, int(accumulate), _ep_ptr(ep))
+    return c
+
+
+def _check_weight(w: torch.Tensor, K: int) -> None:
+    _check_cpu(w, "w", (torch.float32, torch.bfloat16))
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"w must be [N, {K}], got shape {tuple(w.shape)}")
+    if w.stride(1) != 1 and w.shape[1] > 1:
+        raise ValueError("w must be contiguous along K (an nn.Linear weight [N, K]); pass w.contiguous()")
+
+
+def linear(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    nthreads: int = 0,
+) -> torch.Tensor:
+    """act(a @ w.T [+ out if accumulate] + bias) + residual, w [N, K] read in place (no packing).
+
+    a[M, K] any strides; a and w float32 or bfloat16 (float32 accumulation and result)."""
+    _check_cpu(a, "a", (torch.float32, torch.bfloat16))
+    if a.dim() != 2:
+        raise ValueError("linear expects a 2-D a")
+    M, K = a.shape
+    _check_weight(w, K)
+    N = w.shape[0]
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs out")
+    c = _out((M, N), out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    lib().nf_gemm_nt_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
+                           w.data_ptr(), int(w.dtype == torch.bfloat16), w.stride(0), c.data_ptr(), c.stride(0),
+                           int(accumulate), _ep_ptr(ep), nthreads)
+    return c
+
+
+def linear_block(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    *,
+    bias: torch.Tensor | None = None,
+    act: str = "none",
+    residual: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """Single-threaded, float32: out[r0:r1, c0:c1] = epilogue(a[r0:r1] @ w[c0:c1].T); the rest of out is untouched."""
+    _check_cpu(a, "a")
+    M, K = a.shape
+    _check_weight(w, K)
+    _check_cpu(w, "w")
+    N = w.shape[0]
+    c = _out((M, N), out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    (m0, m1), (n0, n1) = rows, cols
+    lib().nf_sgemm_nt_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), w.data_ptr(), w.stride(0),
+                            c.data_ptr(), c.stride(0), m0, m1, n0, n1, int(accumulate), _ep_ptr(ep))
     return c
 
 

@@ -1,0 +1,339 @@
+/* nf_gemm_nt.cpp — C = A @ W^T with W a row-major [N, K] matrix (an nn.Linear weight) and no packed
+ * copy of W: for few rows (M < kPackMinRows, decode-like) a dot-product micro-kernel reads W in place;
+ * for more rows the entries hand over to nf_gemm.cpp's on-the-fly packing of B = W^T.
+ *
+ * Invariant: nt_block() computes exactly the C rows [m0,m1) x columns [n0,n1) it is given,
+ * reading only those rows of A and those rows of W. Each C element is written once per K block
+ * by the micro-kernel (the first block stores, or adds to C_old when accumulating; later blocks
+ * add), then once by the epilogue pass (bias, activation, residual), then handed to the tile
+ * callback. Only per-thread scratch is kept (A staged when strided or bf16, W rows staged when
+ * bf16), so disjoint blocks may run concurrently.
+ *
+ * Loop nest per block (a group of DNR rows of W resident in L1 while the A rows stream from L2):
+ *   for row block          mb rows: the A block (mb x KC) takes half of L2
+ *     for K block          KC: DNR rows of W + DMR rows of A take 3/4 of L1d (one block for K <= 872)
+ *       [stage A block]    only for strided or bf16 A
+ *       for column chunk   kChunk columns of C, finished (epilogue + callback) while in L2
+ *         for column group DNR rows of W ([staged to float32 if bf16]), from L3/DRAM once, then L1
+ *           for row tile   DMR rows of A
+ *             dot micro-kernel (nf_gemm_dot.h)
+ *         last K block: epilogue pass and tile callback on the chunk
+ * Threads split the columns (each thread streams only its rows of W); rows too when N is narrow.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "nf_gemm.h"
+#include "nf_gemm_dot.h"
+#include "nf_gemm_internal.h"
+
+using nfd::DMR;
+using nfd::DNR;
+using nfs::W;
+
+namespace {
+
+inline long cdiv(long a, long b) { return (a + b - 1) / b; }
+
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+struct NtProblem {
+    long M, N, K;
+    const void* A;
+    bool a_bf16;
+    long rs_a, cs_a;
+    const void* W;
+    bool w_bf16;
+    long ldw;
+    float* C;
+    long ldc;
+    bool accumulate;
+    const nf_epilogue* ep;
+};
+
+struct NtScratch {
+    float* a = nullptr;
+    long a_cap = 0;
+    float* w = nullptr;
+    long w_cap = 0;
+    static float* grow(float*& p, long& cap, long need) {
+        if (need > cap) {
+            free(p);
+            cap = need + 1024;
+            p = (float*)aligned_alloc(64, (size_t)cdiv(cap * 4, 64) * 64);
+        }
+        return p;
+    }
+    ~NtScratch() {
+        free(a);
+        free(w);
+    }
+};
+thread_local NtScratch t_nt_scratch;
+
+constexpr long kChunk = 64;  // columns per epilogue / tile-callback chunk
+#ifndef NF_GEMM_NT_PREFETCH
+#define NF_GEMM_NT_PREFETCH 1
+#endif
+constexpr bool kPrefetchW = NF_GEMM_NT_PREFETCH != 0;
+
+struct NtBlocking {
+    long kc;  // K block (a multiple of W unless it is all of K)
+    long mb;  // rows per row block
+};
+
+NtBlocking nt_blocking(long K) {
+    const long l1 = nfi::l1d_bytes() > 0 ? nfi::l1d_bytes() : 32 * 1024;
+    const long l2 = nfi::l2_bytes() > 0 ? nfi::l2_bytes() : 512 * 1024;
+    const long kmax = std::max((long)W, (l1 * 3 / 4 / ((DMR + DNR) * 4)) / W * W);
+    NtBlocking b;
+    const long nk = K > 0 ? cdiv(K, kmax) : 1;
+    b.kc = K > 0 ? std::min(K, cdiv(cdiv(K, nk), W) * W) : 0;
+    const long mb = (l2 / 2 / (std::max(b.kc, 1L) * 4)) / DMR * DMR;
+    b.mb = std::min(1000L * DMR, std::max(8L * DMR, mb));
+    return b;
+}
+
+/* Row tiles for `rows` rows: DMR-high tiles; a remainder r < DMR/2 is merged with one full tile
+ * and split evenly (a 1-row tile would be FMA-latency-bound). */
+int row_tiles(long rows, int* sizes) {
+    int n = 0;
+    long q = rows / DMR, r = rows % DMR;
+    if (r != 0 && 2 * r < DMR && q > 0) {
+        --q;
+        const long t = r + DMR;
+        for (long i = 0; i < q; ++i) sizes[n++] = DMR;
+        sizes[n++] = (int)(t - t / 2);
+        sizes[n++] = (int)(t / 2);
+        return n;
+    }
+    for (long i = 0; i < q; ++i) sizes[n++] = DMR;
+    if (r) sizes[n++] = (int)r;
+    return n;
+}
+
+template <typename T>
+inline float to_f32(T x) {
+    if constexpr (sizeof(T) == 2) return bf16_to_f32(x);
+    else return x;
+}
+
+/* dst[r*kc + k] = A(r0 + r, k0 + k) as float32 */
+template <typename T>
+void stage_rows(const T* src, long rs, long cs, long r0, long rows, long k0, long kc, float* dst) {
+    for (long r = 0; r < rows; ++r) {
+        const T* s = src + (r0 + r) * rs + k0 * cs;
+        float* d = dst + r * kc;
+        if (cs == 1)
+            for (long k = 0; k < kc; ++k) d[k] = to_f32(s[k]);
+        else
+            for (long k = 0; k < kc; ++k) d[k] = to_f32(s[k * cs]);
+    }
+}
+
+/* C[i, j] = act(C[i, j] + bias[j]) + res[i*ldr + j] for rows [r0, r1) x columns [c0, c1) */
+void epilogue_pass(float* C, long ldc, long r0, long r1, long c0, long c1, const float* bias, int act,
+                   const float* res, long ldr) {
+    if (!bias && !act && !res) return;
+    const long full = c0 + (c1 - c0) / W * W;
+    const nfs::vm tail = nfs::vmask_range(0, (int)(c1 - full));
+    for (long i = r0; i < r1; ++i) {
+        float* c = C + i * ldc;
+        const float* rr = res ? res + i * ldr : nullptr;
+        for (long j = c0; j < full; j += W) {
+            nfs::vf x = nfs::vload(c + j);
+            if (bias) x = nfs::vadd(x, nfs::vload(bias + j));
+            if (act) x = nfs::vact(x, act);
+            if (rr) x = nfs::vadd(x, nfs::vload(rr + j));
+            nfs::vstore(c + j, x);
+        }
+        if (full < c1) {
+            nfs::vf x = nfs::vload_mask(c + full, tail);
+            if (bias) x = nfs::vadd(x, nfs::vload_mask(bias + full, tail));
+            if (act) x = nfs::vact(x, act);
+            if (rr) x = nfs::vadd(x, nfs::vload_mask(rr + full, tail));
+            nfs::vstore_mask(c + full, tail, x);
+        }
+    }
+}
+
+void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
+    if (m0 >= m1 || n0 >= n1) return;
+    const long K = P.K;
+    const NtBlocking bl = nt_blocking(K);
+    const long kcb = bl.kc, nkb = K > 0 ? cdiv(K, kcb) : 1;
+    const long nmb = cdiv(m1 - m0, bl.mb);
+    const long mb = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), DMR) * DMR);
+    const bool stage_a = P.a_bf16 || P.cs_a != 1, stage_w = P.w_bf16;
+    NtScratch& ws = t_nt_scratch;
+    float* abuf = stage_a ? NtScratch::grow(ws.a, ws.a_cap, mb * std::max(kcb, 1L) + 16) : nullptr;
+    float* wbuf = stage_w ? NtScratch::grow(ws.w, ws.w_cap, DNR * std::max(kcb, 1L) + 16) : nullptr;
+    const nf_epilogue* ep = P.ep;
+    const float* bias = ep ? ep->bias : nullptr;
+    const int act = ep ? ep->act : 0;
+    const float* res = ep ? ep->residual : nullptr;
+    const long ldr = ep ? ep->ld_residual : 0;
+    int tiles[1024];  // mb <= 1000 * DMR (nt_blocking)
+    long tile_row[1024];
+
+    for (long ic = m0; ic < m1; ic += mb) {
+        const long mcb = std::min(mb, m1 - ic);
+        const int nt = row_tiles(mcb, tiles);
+        for (int t = 0, r = 0; t < nt; r += tiles[t], ++t) tile_row[t] = r;
+        float* c_blk = P.C + ic * P.ldc;
+        for (long kb = 0; kb < nkb; ++kb) {
+            const long k0 = kb * kcb, kc = std::min(kcb, K - k0);
+            const bool add = kb > 0 || P.accumulate, last = kb == nkb - 1;
+            const float* a = nullptr;
+            long lda = kc;
+            if (kc > 0 && stage_a) {
+                if (P.a_bf16) stage_rows((const uint16_t*)P.A, P.rs_a, P.cs_a, ic, mcb, k0, kc, abuf);
+                else stage_rows((const float*)P.A, P.rs_a, P.cs_a, ic, mcb, k0, kc, abuf);
+                a = abuf;
+            } else if (kc > 0) {
+                a = (const float*)P.A + ic * P.rs_a + k0;
+                lda = P.rs_a;
+            }
+            for (long jc = n0; jc < n1; jc += kChunk) {
+                const long jce = std::min(n1, jc + kChunk);
+                for (long j = jc; j < jce; j += DNR) {
+                    const int cw = (int)std::min((long)DNR, jce - j);
+                    const float* w = nullptr;
+                    long ldw = kc;
+                    if (kc > 0 && stage_w) {
+                        stage_rows((const uint16_t*)P.W, P.ldw, 1, j, cw, k0, kc, wbuf);
+                        w = wbuf;
+                    } else if (kc > 0) {
+                        w = (const float*)P.W + j * P.ldw + k0;
+                        ldw = P.ldw;
+                    }
+                    // a later group's W rows are prefetched into L2, a share after each row tile: the next
+                    // group when there are many row tiles, further ahead when there are few (decode)
+                    const long jn = j + DNR * (nt >= 8 ? 1 : cdiv(8, nt));
+                    const long pf_rows = (kPrefetchW && !stage_w && kc > 0 && jn < n1) ? std::min((long)DNR, n1 - jn) : 0;
+                    const long row_lines = cdiv(kc * 4, 64), pf_total = pf_rows * row_lines;
+                    const float* pf_base = (const float*)P.W + jn * P.ldw + k0;
+                    long pf_done = 0;
+                    for (int t = 0; t < nt; ++t) {
+                        nfd::dot_kernels[tiles[t]][cw](kc, a ? a + tile_row[t] * lda : nullptr, lda, w, ldw,
+                                                       c_blk + tile_row[t] * P.ldc + j, P.ldc, add);
+                        for (const long upto = pf_total * (t + 1) / nt; pf_done < upto; ++pf_done)
+                            nfs::vprefetch_l2(pf_base + (pf_done / row_lines) * P.ldw + (pf_done % row_lines) * 16);
+                    }
+                }
+                if (last) {
+                    epilogue_pass(P.C, P.ldc, ic, ic + mcb, jc, jce, bias, act, res, ldr);
+                    if (ep && ep->tile_fn)
+                        ep->tile_fn(ep->tile_ctx, 0, c_blk + jc, P.ldc, ic, jc, mcb, jce - jc);
+                }
+            }
+        }
+    }
+}
+
+/* ---------------- threading ---------------- */
+
+constexpr long kTasksPerThread = 4;  // dynamic tasks per thread (robust to a descheduled thread)
+constexpr double kMinTaskMacs = 2e6;  // below this, no more than one task per thread
+constexpr double kMinThreadMacs = 1e5;  // below this per thread, fewer threads
+
+inline long split(long units, long parts, long i, long unit, long limit) {
+    return std::min(limit, (units * i / parts) * unit);
+}
+
+void nt_run(const NtProblem& P, int nthreads) {
+    if (P.M <= 0 || P.N <= 0) return;
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (omp_in_parallel()) nt = 1;
+    const double macs = (double)P.M * P.N * std::max(P.K, 1L);
+    long want = std::max(std::min((long)nt, (long)(macs / kMinThreadMacs)),
+                         std::min(kTasksPerThread * nt, (long)(macs / kMinTaskMacs)));
+    want = std::max(want, 1L);
+    // columns in units of whole vectors of C (the epilogue pass stays aligned), rows in tiles
+    const long unit = DNR * cdiv(8, DNR), nu = cdiv(P.N, unit), mt = cdiv(P.M, DMR);
+    const long tn = std::min(nu, want), tm = std::min(mt, cdiv(want, tn));
+    const long tasks = tm * tn;
+    auto run_task = [&](long t) {
+        const long mi = t / tn, ni = t % tn;
+        nt_block(P, split(mt, tm, mi, DMR, P.M), split(mt, tm, mi + 1, DMR, P.M), split(nu, tn, ni, unit, P.N),
+                 split(nu, tn, ni + 1, unit, P.N));
+    };
+    if (nt > tasks) nt = (int)tasks;
+    if (nt <= 1) {
+        for (long t = 0; t < tasks; ++t) run_task(t);
+        return;
+    }
+    std::atomic<long> next{0};
+#pragma omp parallel num_threads(nt)
+    {
+        for (long t = next.fetch_add(1, std::memory_order_relaxed); t < tasks;
+             t = next.fetch_add(1, std::memory_order_relaxed))
+            run_task(t);
+    }
+}
+
+NtProblem make_nt(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt, int w_bf16,
+                  long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep) {
+    NtProblem P;
+    P.M = M, P.N = N, P.K = std::max(K, 0L);
+    P.A = A, P.a_bf16 = a_bf16 != 0, P.rs_a = rs_a, P.cs_a = cs_a;
+    P.W = Wt, P.w_bf16 = w_bf16 != 0, P.ldw = ldw;
+    P.C = C, P.ldc = ldc, P.accumulate = accumulate != 0, P.ep = ep;
+    return P;
+}
+
+/* From this many rows on, W is packed on the fly, one block at a time (nf_sgemm / nf_gemm_mixed in
+ * nf_gemm.cpp), instead: the packed micro-kernel's advantage over the dot-product kernel then exceeds
+ * the packing cost. Measured here, single thread, weights coming from DRAM, GPT-2 layer shapes, time
+ * relative to pre-packed weights: M = 64: dot 1.08-1.14x, packing 1.13x; M = 128: dot 1.12-1.19x,
+ * packing 1.01x (docs/cpu-gemm.md). */
+#ifndef NF_GEMM_NT_PACK_MIN_ROWS
+#define NF_GEMM_NT_PACK_MIN_ROWS 96
+#endif
+constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
+
+}  // namespace
+
+/* ---------------- C API ---------------- */
+
+extern "C" {
+
+int nf_sgemm_nt_mr(void) { return DMR; }
+int nf_sgemm_nt_nr(void) { return DNR; }
+
+void nf_sgemm_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
+                 long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (M >= kPackMinRows)
+        nf_sgemm(M, N, K, A, rs_a, cs_a, Wt, 1, ldw, C, ldc, accumulate, ep, nthreads);
+    else
+        nt_run(make_nt(M, N, K, A, 0, rs_a, cs_a, Wt, 0, ldw, C, ldc, accumulate, ep), nthreads);
+}
+
+void nf_sgemm_nt_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw,
+                       float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate, const nf_epilogue* ep) {
+    if (std::min(M, m1) - std::max(0L, m0) >= kPackMinRows) {
+        nf_sgemm_block(M, N, K, A, rs_a, cs_a, Wt, 1, ldw, C, ldc, m0, m1, n0, n1, accumulate, ep);
+        return;
+    }
+    const NtProblem P = make_nt(M, N, K, A, 0, rs_a, cs_a, Wt, 0, ldw, C, ldc, accumulate, ep);
+    nt_block(P, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
+}
+
+void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt,
+                      int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (M >= kPackMinRows)
+        nf_gemm_mixed(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, 1, ldw, C, ldc, accumulate, ep, nthreads);
+    else
+        nt_run(make_nt(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, ldw, C, ldc, accumulate, ep), nthreads);
+}
+
+}  // extern "C"
