@@ -21,8 +21,8 @@ def ctx(tmp_path):
 
 
 def test_all_expands_to_the_applicable_runners():
-    assert reg.expand(["all"], "inference", "cpu") == ["novaforge", "eager", "torch-compile", "torch-compile-freeze",
-                                                       "onnxruntime", "openvino"]
+    assert reg.expand(["all"], "inference", "cpu") == ["novaforge", "novaforge-packed", "eager", "torch-compile",
+                                                       "torch-compile-freeze", "onnxruntime", "openvino"]
     assert reg.expand(["all"], "training", "cpu") == ["novaforge", "eager", "torch-compile"]
     assert reg.expand(["all"], "training", "cuda") == ["novaforge", "eager", "torch-compile", "jax"]
     assert "onnxruntime" not in reg.expand(["all"], "inference", "cuda")

@@ -192,7 +192,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         torch.backends.cudnn.allow_tf32 = True
     cache_dir = os.environ.get("NOVAFORGE_CACHE_DIR")
     cache_state = None
-    if spec["runner"] == "novaforge" and cache_dir:
+    if spec["runner"].startswith("novaforge") and cache_dir:
         cache_state = "warm" if Path(cache_dir).is_dir() and any(Path(cache_dir).iterdir()) else "cold"
     runner = load_runner(spec["runner"])
     workdir = Path(spec["workdir"])

@@ -99,7 +99,7 @@ class CpuBackend:
         gens: dict[str, GenKernel] = {}
         current: list[tuple[str, list[int]]] = []
         counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
-        use_packing = bool(options.get("pack_weights", True))
+        use_packing = bool(options.get("pack_weights", False))
         profile = bool(options.get("profile", False))
         launch_labels: list[str] = []
         fallbacks: list[str] = []
