@@ -88,6 +88,28 @@ def test_fold_constants_folds_const_subgraphs_not_weight_views():
     assert "iota" not in ops or ops.count("lt") == 0
 
 
+def test_fold_constants_folds_a_qkv_weight_concatenation_and_cast_when_frozen():
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(6, 6) for _ in range(3))
+
+        def forward(self, x):
+            w = torch.cat((self.q.weight, self.k.weight, self.v.weight)).to(torch.float64).float()
+            b = torch.cat((self.q.bias, self.k.bias, self.v.bias))
+            return torch.nn.functional.linear(x, w, b).split(6, dim=-1)
+
+    m = Attn().eval()
+    x = torch.randn(2, 5, 6)
+    g = captured_graph(m, x, freeze=True)
+    assert [n.op for n in g.nodes].count("cat") == 2
+    ctx = PassContext()
+    out = check_pass(fold_constants, g, [x], ctx)
+    ops = [n.op for n in out.nodes]
+    assert "cat" not in ops and "cast" not in ops, ops
+    assert ctx.counters["folded"] >= 3
+
+
 def test_simplify_rules():
     def fn(x, y):
         a = (x + 0.0) * 1.0 / 1.0
