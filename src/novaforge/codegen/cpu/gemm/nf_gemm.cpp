@@ -365,8 +365,10 @@ struct Grid {
 };
 
 /* Pick tm x tn blocks per matrix (batch*tm*tn tasks dealt contiguously to nt threads) that
- * minimise the busiest thread's padded MACs plus a packing/streaming cost per task. */
-Grid choose_grid(long batch, long M, long N, long K, int nt) {
+ * minimise the busiest thread's padded MACs plus a packing/streaming cost per task. With B packed
+ * on the fly (`b_unpacked`) every task packs its own columns of B: splitting M re-packs the same
+ * columns once per row block, so columns weigh more than rows. */
+Grid choose_grid(long batch, long M, long N, long K, int nt, bool b_unpacked = false) {
     const long mt = cdiv(M, MR), np = cdiv(N, NR);
     Grid best = {1, 1};
     double best_cost = -1;
@@ -377,7 +379,8 @@ Grid choose_grid(long batch, long M, long N, long K, int nt) {
             if (tasks > 64L * nt && (tm > 1 || tn > 1)) continue;
             const double per = (double)cdiv(tasks, nt);
             const double rows = (double)cdiv(mt, tm) * MR, cols = (double)cdiv(np, tn) * NR;
-            const double cost = per * (rows * cols * kk + 8.0 * (rows + cols) * kk + 20000.0);
+            const double stream = b_unpacked ? 2.0 * rows + 16.0 * cols : 8.0 * (rows + cols);
+            const double cost = per * (rows * cols * kk + stream * kk + 20000.0);
             if (best_cost < 0 || cost < best_cost - 1e-9 * best_cost) {
                 best_cost = cost;
                 best = {tm, tn};
@@ -400,17 +403,18 @@ void run_task(const Problem& P, const Grid& g, long task) {
 
 /* Split tasks further (up to kTasksPerThread per thread) while each keeps >= kMinTaskMacs MACs
  * and >= 8 tiles along the split dimension: threads then take tasks dynamically, so a thread
- * that is descheduled or slowed (shared machines, SMT siblings) does not hold the others up. */
+ * that is descheduled or slowed (shared machines, SMT siblings) does not hold the others up.
+ * With B packed on the fly only N is split (an M split would pack the same B columns twice). */
 constexpr long kTasksPerThread = 4;
 constexpr double kMinTaskMacs = 4e6;
 
-Grid refine_grid(Grid g, long batch, long M, long N, long K, int nt) {
+Grid refine_grid(Grid g, long batch, long M, long N, long K, int nt, bool b_unpacked = false) {
     const long mt = cdiv(M, MR), np = cdiv(N, NR);
     while (batch * g.tm * g.tn < kTasksPerThread * nt) {
         const long tiles_m = cdiv(mt, g.tm), tiles_n = cdiv(np, g.tn);
         if ((double)tiles_m * MR * tiles_n * NR * std::max(K, 1L) / 2 < kMinTaskMacs) break;
         if (tiles_n >= 16) g.tn *= 2;
-        else if (tiles_m >= 16) g.tm *= 2;
+        else if (tiles_m >= 16 && !b_unpacked) g.tm *= 2;
         else break;
     }
     return g;
@@ -420,8 +424,9 @@ void run(const Problem& P, long batch, int nthreads) {
     if (batch <= 0 || P.M <= 0 || P.N <= 0) return;
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (omp_in_parallel()) nt = 1;
-    Grid g = choose_grid(batch, P.M, P.N, P.K, nt);
-    if (nt > 1) g = refine_grid(g, batch, P.M, P.N, P.K, nt);
+    const bool b_unpacked = P.Bp == nullptr;
+    Grid g = choose_grid(batch, P.M, P.N, P.K, nt, b_unpacked);
+    if (nt > 1) g = refine_grid(g, batch, P.M, P.N, P.K, nt, b_unpacked);
     const long tasks = batch * g.tm * g.tn;
     if (nt > tasks) nt = (int)tasks;
     if (nt <= 1) {
