@@ -70,24 +70,7 @@ const Blocking& blocking() {
 
 /* ---------------- per-thread scratch ---------------- */
 
-struct Scratch {
-    float* a = nullptr;
-    long a_cap = 0;
-    float* b = nullptr;
-    long b_cap = 0;
-    static float* grow(float*& p, long& cap, long need) {
-        if (need > cap) {
-            free(p);
-            cap = need + 1024;
-            p = (float*)aligned_alloc(64, (size_t)cdiv(cap * 4, 64) * 64);
-        }
-        return p;
-    }
-    ~Scratch() {
-        free(a);
-        free(b);
-    }
-};
+using nfi::Scratch;
 thread_local Scratch t_scratch;
 
 /* ---------------- operand descriptors ---------------- */

@@ -6,9 +6,31 @@
 #ifndef NF_GEMM_INTERNAL_H
 #define NF_GEMM_INTERNAL_H
 
+#include <stdlib.h>
+
 namespace nfi {
 long l1d_bytes();  // L1 data cache, bytes
 long l2_bytes();   // L2 cache (per core), bytes
+
+/* Two growable, 64-byte aligned float buffers; each translation unit keeps one per thread. */
+struct Scratch {
+    float* a = nullptr;
+    long a_cap = 0;
+    float* b = nullptr;
+    long b_cap = 0;
+    static float* grow(float*& p, long& cap, long need) {
+        if (need > cap) {
+            free(p);
+            cap = need + 1024;
+            p = (float*)aligned_alloc(64, (size_t)((cap * 4 + 63) / 64) * 64);
+        }
+        return p;
+    }
+    ~Scratch() {
+        free(a);
+        free(b);
+    }
+};
 }  // namespace nfi
 
 #endif /* NF_GEMM_INTERNAL_H */

@@ -60,25 +60,7 @@ struct NtProblem {
     const nf_epilogue* ep;
 };
 
-struct NtScratch {
-    float* a = nullptr;
-    long a_cap = 0;
-    float* w = nullptr;
-    long w_cap = 0;
-    static float* grow(float*& p, long& cap, long need) {
-        if (need > cap) {
-            free(p);
-            cap = need + 1024;
-            p = (float*)aligned_alloc(64, (size_t)cdiv(cap * 4, 64) * 64);
-        }
-        return p;
-    }
-    ~NtScratch() {
-        free(a);
-        free(w);
-    }
-};
-thread_local NtScratch t_nt_scratch;
+thread_local nfi::Scratch t_nt_scratch;  // a: staged rows of A, b: a block of W rows in float32
 
 constexpr long kChunk = 64;  // columns per epilogue / tile-callback chunk
 #ifndef NF_GEMM_NT_PREFETCH
@@ -174,9 +156,9 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     const long nmb = cdiv(m1 - m0, bl.mb);
     const long mb = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), DMR) * DMR);
     const bool stage_a = P.a_bf16 || P.cs_a != 1, stage_w = P.w_bf16;
-    NtScratch& ws = t_nt_scratch;
-    float* abuf = stage_a ? NtScratch::grow(ws.a, ws.a_cap, mb * std::max(kcb, 1L) + 16) : nullptr;
-    float* wbuf = stage_w ? NtScratch::grow(ws.w, ws.w_cap, DNR * std::max(kcb, 1L) + 16) : nullptr;
+    nfi::Scratch& ws = t_nt_scratch;
+    float* abuf = stage_a ? nfi::Scratch::grow(ws.a, ws.a_cap, mb * std::max(kcb, 1L) + 16) : nullptr;
+    float* wbuf = stage_w ? nfi::Scratch::grow(ws.b, ws.b_cap, DNR * std::max(kcb, 1L) + 16) : nullptr;
     const nf_epilogue* ep = P.ep;
     const float* bias = ep ? ep->bias : nullptr;
     const int act = ep ? ep->act : 0;
