@@ -178,10 +178,25 @@ def resolve_backend(backend: str, graph: Graph) -> str:
     return "cpu"
 
 
+def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:
+    """The CPU backend will build this graph (a guess from the inputs before capture: a wrong guess
+    only builds the GEMM library early)."""
+    if backend == "auto":
+        backend = os.environ.get("NOVAFORGE_BACKEND") or "auto"
+    if backend != "auto":
+        return backend == "cpu"
+    leaves = pytree.tree_leaves((args, kwargs))
+    return all(t.device.type == "cpu" for t in leaves if isinstance(t, torch.Tensor))
+
+
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
                   options: dict[str, Any]) -> CompileStats:
     """Capture, optimize and build a program for one input signature."""
     t0 = time.perf_counter()
+    if _probably_cpu(backend, args, kwargs):
+        from .codegen.cpu.gemm.build import start_background_build
+
+        start_background_build()  # the GEMM library compiles while the model is captured
     with torch.no_grad() if freeze else contextlib.nullcontext():
         captured = capture(fn, args, kwargs, freeze=freeze, mode=options.get("capture", "fx"))
     t1 = time.perf_counter()

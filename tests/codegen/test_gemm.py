@@ -11,6 +11,7 @@ import ctypes
 import math
 import shutil
 import subprocess
+import threading
 
 import pytest
 import torch
@@ -445,6 +446,35 @@ def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
         f.write(b"\x00corrupt")
     assert build.library_path() == so and len(calls) == 2  # corrupt: rebuilt
     assert build._verified(so)
+
+
+def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
+    real = build.library_path()
+    calls: list[str] = []
+
+    def fake_compile(so, isa, extra):
+        calls.append(so.name)
+        shutil.copyfile(real, so)
+        so.with_suffix(".sha256").write_text(build._sha256(so))
+
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_compile", fake_compile)
+    monkeypatch.setattr(build, "_background", set())
+    build.start_background_build()
+    build.start_background_build()  # once per process
+    for t in threading.enumerate():
+        if t.name == "nf_gemm-build":
+            t.join(timeout=60)
+    assert len(calls) == 1
+    assert build.library_path().parent == tmp_path / "gemm" and len(calls) == 1  # the foreground finds it
+
+
+def test_real_build_compiles_units_in_parallel_and_links(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
+    so = build.library_path()
+    assert build._verified(so) and not list(so.parent.glob("*.objs.*")) and not list(so.parent.glob("*.tmp"))
+    lib = ctypes.CDLL(str(so))
+    assert lib.nf_sgemm_nr() > 0
 
 
 def test_cache_sizes_and_blocking_are_sane():

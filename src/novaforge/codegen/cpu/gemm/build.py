@@ -12,6 +12,7 @@ NOVAFORGE_GEMM_ISA = native (default) | avx2 (no AVX-512 even where present) | g
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -114,14 +115,51 @@ def library_path(isa: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     return so
 
 
+def start_background_build(isa: str | None = None) -> None:
+    """Build the library in a daemon thread if it is not in the cache yet (once per process).
+
+    `novaforge.compile` calls this before capturing a model for the CPU backend, so that the
+    compiler runs while Python traces and optimizes the graph; `load()` later takes `_lock` and
+    finds the finished library. Failures are left to the foreground `load()` to report."""
+    isa = isa or isa_choice()
+    if isa in _background:
+        return
+    _background.add(isa)
+    so = cache_dir() / f"libnf_gemm-{isa}-{build_key(isa, ())}.so"
+    if _verified(so):
+        return
+
+    def build() -> None:
+        with contextlib.suppress(Exception):  # reported again by the foreground load()
+            library_path(isa)
+
+    threading.Thread(target=build, name="nf_gemm-build", daemon=True).start()
+
+
+_background: set[str] = set()
+
+
 def _compile(so: Path, isa: str, extra: tuple[str, ...]) -> None:
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=so.stem + ".", suffix=".tmp")
     os.close(fd)
     try:
-        cmd = [compiler(), *compile_flags(isa, extra), *map(str, source_files()), "-o", tmp]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"nf_gemm build failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        flags = compile_flags(isa, extra)
+        with tempfile.TemporaryDirectory(dir=so.parent, prefix=so.stem + ".objs.") as work:
+            # one compiler process per translation unit (in parallel), then one link
+            objs, procs = [], []
+            for src in source_files():
+                obj = str(Path(work) / (src.stem + ".o"))
+                cmd = [compiler(), *flags, "-c", str(src), "-o", obj]
+                objs.append(obj)
+                procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            for cmd, proc in procs:
+                _, err = proc.communicate()
+                if proc.returncode != 0:
+                    raise RuntimeError(f"nf_gemm build failed ({' '.join(cmd)}):\n{err[-4000:]}")
+            cmd = [compiler(), *flags, *objs, "-o", tmp]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"nf_gemm link failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         digest = _sha256(Path(tmp))
         side_tmp = tmp + ".sha256"
         Path(side_tmp).write_text(digest)
