@@ -168,11 +168,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c("int64_t rq = 0;")
             c(f"const int64_t njv = (nj + {2 * W - 1}) / {2 * W} * {2 * W};")
             c(f"for (; rq + 6 <= nr; rq += 6) for (int64_t j = 0; j < njv; j += {2 * W}) "
-              f"nf_tile_qk<6>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+              f"nf_tile_rank<6, false>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
             c(f"for (; rq + 4 <= nr; rq += 4) for (int64_t j = 0; j < njv; j += {2 * W}) "
-              f"nf_tile_qk<4>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+              f"nf_tile_rank<4, false>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
             c(f"for (; rq < nr; rq++) for (int64_t j = 0; j < njv; j += {2 * W}) "
-              f"nf_tile_qk<1>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
+              f"nf_tile_rank<1, false>(qs[rq], {E}, kt + j, {BK}, {E}, &s[rq][j], {BK});")
         else:
             c.open("for (int64_t r = 0; r < nr; r++)")
             c("float* sr = s[r];")
@@ -228,11 +228,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c(f"const float* vt = {'vcb + j0 * ' + str(Ev) if bf16 else 'vp + j0 * ' + str(vs[1])};")
             c("int64_t rp = 0;")
             c(f"for (; rp + 6 <= nr; rp += 6) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<6>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_rank<6, true>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
             c(f"for (; rp + 4 <= nr; rp += 4) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<4>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_rank<4, true>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
             c(f"for (; rp < nr; rp++) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
-              f"nf_tile_pv<1>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
+              f"nf_tile_rank<1, true>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")
         c.close()  # key tiles
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;")

@@ -23,16 +23,14 @@ from .analysis import BodyInfo, Unsupported
 from .cexpr import compute_type, literal, op_expr, store_expr
 from .loops import (
     Access,
-    Code,
     _acc_init,
     _cone,
     _decompose,
     _leaves_in,
     _parallel_for,
-    _prologue,
     coalesce,
     index_expr,
-    signature,
+    open_kernel,
 )
 
 LANES = 64
@@ -60,14 +58,11 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
     lane = lane_dim(info)
     if lane is None:
         raise Unsupported("column order needs a kept innermost dim")
-    code = Code()
-    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
-    _prologue(code, in_dtypes, out_dtypes)
     kept = [d for d in range(len(info.space)) if d not in info.axes and d != lane]
-    if math.prod(info.space[d] for d in kept) * info.space[lane] == 0:
-        code("return 0;")
-        code.close()
-        return code.text()
+    empty = math.prod(info.space[d] for d in kept) * info.space[lane] == 0
+    code, done = open_kernel(name, in_dtypes, out_dtypes, empty)
+    if done is not None:
+        return done
     is_row = info.is_row
     leaves = [v for v, lf in info.leaves.items() if lf.kind != "const"]
     accesses = [(f"a{i}", info.leaves[v].strides, info.leaves[v].offset) for i, v in enumerate(leaves)]

@@ -105,6 +105,20 @@ def _prologue(code: Code, in_dtypes: list[torch.dtype], out_dtypes: list[torch.d
         code(f"{st}* out{j} = ({st}*)p{len(in_dtypes) + j};")
 
 
+def open_kernel(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype],
+                empty: bool) -> tuple[Code, str | None]:
+    """The function's opening and typed pointers; with `empty` (nothing to compute) the whole
+    function, `return 0;`, as the second item (the caller returns it)."""
+    code = Code()
+    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
+    _prologue(code, in_dtypes, out_dtypes)
+    if not empty:
+        return code, None
+    code("return 0;")
+    code.close()
+    return code, code.text()
+
+
 def body_dtypes(body: Graph) -> tuple[list[torch.dtype], list[torch.dtype]]:
     return [gi.value.type.dtype for gi in body.inputs], [o.type.dtype for o in body.outputs]
 
@@ -246,13 +260,9 @@ def _parallel_for(code: Code, sched: CpuSchedule, var: str, count: int) -> None:
 
 def render_pointwise(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
                      sched: CpuSchedule) -> str:
-    code = Code()
-    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
-    _prologue(code, in_dtypes, out_dtypes)
-    if info.numel == 0:
-        code("return 0;")
-        code.close()
-        return code.text()
+    code, done = open_kernel(name, in_dtypes, out_dtypes, info.numel == 0)
+    if done is not None:
+        return done
     vals = _Values(info, code)
     roots = [s.value for s in info.stores]
     leaves, accesses = _pointwise_accesses(info)
@@ -335,15 +345,11 @@ _CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
                      sched: CpuSchedule) -> str:
-    code = Code()
-    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
-    _prologue(code, in_dtypes, out_dtypes)
     kept = [d for d in range(len(info.space)) if d not in info.axes]
     kept_count = math.prod(info.space[d] for d in kept)
-    if kept_count == 0:
-        code("return 0;")
-        code.close()
-        return code.text()
+    code, done = open_kernel(name, in_dtypes, out_dtypes, kept_count == 0)
+    if done is not None:
+        return done
     vals = _Values(info, code)
     is_row = info.is_row
     leaves = [v for v, lf in info.leaves.items() if lf.kind != "const"]

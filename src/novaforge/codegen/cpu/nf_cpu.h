@@ -309,50 +309,29 @@ NF_INLINE nf_vf nf_vload(const float* p) { nf_vf v; __builtin_memcpy(&v, p, size
 NF_INLINE void nf_vstore(float* p, nf_vf v) { __builtin_memcpy(p, &v, sizeof v); }
 NF_INLINE nf_vf nf_vsplat(float x) { return x - (nf_vf){}; }  // x - (+0) == x, folds to a broadcast
 
-// s[r][0:2V] = sum_e q[r][e] * kt[e][0:2V] for R rows (R = 1 or 4), accumulators in registers
-template <int R>
-NF_INLINE void nf_tile_qk(const float* q, long ldq, const float* kt, long ldk, long E, float* s, long lds) {
+// c[r][0:2V] (+)= sum_{k < n} a[r][k] * b[k][0:2V] for R rows (R = 1, 4 or 6), accumulators in
+// registers: ACC = false overwrites c (attention's S = Q K^T), true adds to it (O += P V)
+template <int R, bool ACC>
+NF_INLINE void nf_tile_rank(const float* a, long lda, const float* b, long ldb, long n, float* c, long ldc) {
   nf_vf acc[R][2];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = nf_vsplat(0.0f);
-  for (long e = 0; e < E; e++) {
-    const nf_vf k0 = nf_vload(kt + e * ldk), k1 = nf_vload(kt + e * ldk + NF_VEC);
+  for (int r = 0; r < R; r++) {
+    acc[r][0] = ACC ? nf_vload(c + r * ldc) : nf_vsplat(0.0f);
+    acc[r][1] = ACC ? nf_vload(c + r * ldc + NF_VEC) : nf_vsplat(0.0f);
+  }
+  for (long k = 0; k < n; k++) {
+    const nf_vf b0 = nf_vload(b + k * ldb), b1 = nf_vload(b + k * ldb + NF_VEC);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      const nf_vf qv = nf_vsplat(q[r * ldq + e]);
-      acc[r][0] += qv * k0;
-      acc[r][1] += qv * k1;
+      const nf_vf av = nf_vsplat(a[r * lda + k]);
+      acc[r][0] += av * b0;
+      acc[r][1] += av * b1;
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
-    nf_vstore(s + r * lds, acc[r][0]);
-    nf_vstore(s + r * lds + NF_VEC, acc[r][1]);
-  }
-}
-
-// acc[r][0:2V] += sum_{j < nj} p[r][j] * v[j][0:2V] for R rows (R = 1 or 4)
-template <int R>
-NF_INLINE void nf_tile_pv(const float* p, long ldp, const float* v, long ldv, long nj, float* acc, long lda) {
-  nf_vf a[R][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    a[r][0] = nf_vload(acc + r * lda);
-    a[r][1] = nf_vload(acc + r * lda + NF_VEC);
-  }
-  for (long j = 0; j < nj; j++) {
-    const nf_vf v0 = nf_vload(v + j * ldv), v1 = nf_vload(v + j * ldv + NF_VEC);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      const nf_vf pv = nf_vsplat(p[r * ldp + j]);
-      a[r][0] += pv * v0;
-      a[r][1] += pv * v1;
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    nf_vstore(acc + r * lda, a[r][0]);
-    nf_vstore(acc + r * lda + NF_VEC, a[r][1]);
+    nf_vstore(c + r * ldc, acc[r][0]);
+    nf_vstore(c + r * ldc + NF_VEC, acc[r][1]);
   }
 }
 

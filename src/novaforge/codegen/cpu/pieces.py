@@ -36,11 +36,11 @@ from .loops import (
     _cone,
     _parallel_for,
     _pointwise_accesses,
-    _prologue,
     _Values,
     coalesce,
     function_name,
     index_expr,
+    open_kernel,
     pointwise_loops,
     render_pointwise,
     signature,
@@ -141,13 +141,9 @@ def plan_pieces(key: str, info: BodyInfo, ins: list[torch.dtype], outs: list[tor
 def render_inner_split(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
                        infos: list[BodyInfo], cut: int, sched: CpuSchedule) -> str:
     """One parallel loop over the dims before `cut`; inside, each box's loops over the rest."""
-    code = Code()
-    code.open(f"static int {name}({signature(len(in_dtypes) + len(out_dtypes))})")
-    _prologue(code, in_dtypes, out_dtypes)
-    if info.numel == 0:
-        code("return 0;")
-        code.close()
-        return code.text()
+    code, done = open_kernel(name, in_dtypes, out_dtypes, info.numel == 0)
+    if done is not None:
+        return done
     per_box = [(bi, *_pointwise_accesses(bi)) for bi in infos]
     all_strides = [a[1] for _, _, acc in per_box for a in acc]
     outer = coalesce(list(range(cut)), info.space, all_strides)
