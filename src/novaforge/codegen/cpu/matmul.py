@@ -37,6 +37,7 @@ import torch
 
 from ...ir import OPS, Graph, Kernel, Node, Value
 from ...ir.types import TensorType, contiguous_strides
+from ...ir.views import Strided, apply_view
 from ...schedule.cpu import CpuSchedule
 from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Operand, Unsupported, analyze_body, operand
@@ -69,17 +70,10 @@ class _Geometry:
 
 
 def _broadcast_batch(op: Operand, out_batch: tuple[int, ...]) -> list[int]:
+    """Strides of the operand's batch dims expanded to `out_batch` (0 where they broadcast)."""
     lay = op.layout
-    nb = len(lay.shape) - 2
-    off = len(out_batch) - nb
-    strides = []
-    for d, n in enumerate(out_batch):
-        j = d - off
-        if j < 0 or (lay.shape[j] == 1 and n != 1):
-            strides.append(0)
-        else:
-            strides.append(lay.strides[j])
-    return strides
+    batch = Strided(tuple(lay.shape[:-2]), tuple(lay.strides[:-2]), lay.offset)
+    return list(apply_view(batch, "expand", {"shape": tuple(out_batch)}).strides)
 
 
 def _geometry(a: Operand, b: Operand, out: TensorType) -> _Geometry | None:
