@@ -31,6 +31,7 @@ from .loops import (
     coalesce,
     index_expr,
     open_kernel,
+    reduction_waves,
 )
 
 LANES = 64
@@ -147,14 +148,6 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
                     emitted.add(o)
                     progress = True
 
-    def summary_deps(v: Value) -> set[Value]:
-        out: set[Value] = set()
-        for n in _cone(info, [v], lambda x: not is_row(x)):
-            out.update(info.resolve(x) for x in n.inputs if not is_row(x))
-        if not is_row(info.resolve(v)):
-            out.add(info.resolve(v))
-        return out
-
     def row_pass(roots: list[Value], finish, store_accesses: list[int]) -> None:
         """Loops over the reduced elements; per element, a lane loop evaluating `roots`."""
         cone = _cone(info, roots, lambda v: not is_row(v) or v in info.leaves)
@@ -185,11 +178,7 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
             code.close()
 
     emit_summaries()
-    pending = list(reductions)
-    while pending:
-        ready = [r for r in pending if summary_deps(r.inputs[0]) <= emitted]
-        if not ready:
-            raise Unsupported("reduction dependencies do not resolve")
+    for ready in reduction_waves(info, reductions, is_row, emitted):
         row_red = [r for r in ready if is_row(r.inputs[0])]
         for r in ready:
             if not is_row(r.inputs[0]):
@@ -210,7 +199,6 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
             for r, a in zip(row_red, accs, strict=True):
                 names[r.outputs[0]] = f"{a}[j]"
                 emitted.add(r.outputs[0])
-        pending = [r for r in pending if r not in ready]
         emit_summaries()
     row_stores = [(k, s) for k, s in enumerate(info.stores) if is_row(s.value)]
     lines = []

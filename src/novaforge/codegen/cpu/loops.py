@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -343,6 +343,30 @@ def _acc_update(op: str, acc: str, x: str) -> str:
 _CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
+def summary_deps(info: BodyInfo, is_row: Callable[[Value], bool], v: Value) -> set[Value]:
+    """The summary values (computed once per row, outside the reduced loops) that value `v` needs."""
+    out: set[Value] = set()
+    for n in _cone(info, [v], lambda x: not is_row(x)):
+        out.update(info.resolve(x) for x in n.inputs if not is_row(x))
+    v = info.resolve(v)
+    if not is_row(v):
+        out.add(v)
+    return out
+
+
+def reduction_waves(info: BodyInfo, reductions: list[Node], is_row: Callable[[Value], bool],
+                    emitted: set[Value]) -> Iterator[list[Node]]:
+    """The reductions in dependency order, one wave at a time: every reduction of a wave needs only
+    summaries already in `emitted`, which the caller extends while it emits the wave."""
+    pending = list(reductions)
+    while pending:
+        ready = [r for r in pending if summary_deps(info, is_row, r.inputs[0]) <= emitted]
+        if not ready:
+            raise Unsupported("reduction dependencies do not resolve")
+        yield ready
+        pending = [r for r in pending if r not in ready]
+
+
 def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
                      sched: CpuSchedule) -> str:
     kept = [d for d in range(len(info.space)) if d not in info.axes]
@@ -397,25 +421,11 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
                     emitted.add(n.outputs[0])
                     progress = True
 
-    def row_summary_deps(v: Value) -> set[Value]:
-        """Summary values a row value needs."""
-        out: set[Value] = set()
-        for n in _cone(info, [v], lambda x: not is_row(x)):
-            out.update(info.resolve(x) for x in n.inputs if not is_row(x))
-        v = info.resolve(v)
-        if not is_row(v):
-            out.add(v)
-        return out
-
     cache = _choose_row_cache(info, reductions, sched, rdims)
     if cache is not None:
         code(f"alignas(64) float rc[{rdims[0][0]}];")
     emit_summaries()
-    pending = list(reductions)
-    while pending:
-        ready = [r for r in pending if row_summary_deps(r.inputs[0]) <= emitted]
-        if not ready:
-            raise Unsupported("reduction dependencies do not resolve")
+    for ready in reduction_waves(info, reductions, is_row, emitted):
         row_red = [r for r in ready if is_row(r.inputs[0])]
         for r in ready:
             if not is_row(r.inputs[0]):  # reduced extent 1: the reduction is its input
@@ -435,7 +445,6 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
             for r, a in zip(row_red, accs, strict=True):
                 vals.names[r.outputs[0]] = a
                 emitted.add(r.outputs[0])
-        pending = [r for r in pending if r not in ready]
         emit_summaries()
     # stores: row summaries now, row values in a final pass
     row_stores = [(k, s) for k, s in enumerate(info.stores) if is_row(s.value)]
