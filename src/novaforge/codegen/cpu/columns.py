@@ -24,6 +24,7 @@ from .cexpr import compute_type, literal, op_expr, store_expr
 from .loops import (
     Access,
     _acc_init,
+    _acc_update,
     _cone,
     _decompose,
     _leaves_in,
@@ -43,15 +44,6 @@ def lane_dim(info: BodyInfo) -> int | None:
     if not nontrivial or nontrivial[-1] in info.axes:
         return None
     return nontrivial[-1]
-
-
-def _update(op: str, acc: str, x: str) -> str:
-    if op == "sum":
-        return f"{acc} += {x};"
-    if op == "prod":
-        return f"{acc} *= {x};"
-    cmp = ">" if op == "max" else "<"
-    return f"{acc} = {x} {cmp} {acc} ? {x} : {acc};"
 
 
 def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype],
@@ -193,7 +185,7 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
                 lane_loop([f"{acc}[j] = {_acc_init(r.op, r.outputs[0].type.dtype)};"])
 
             def finish(xs, accs=accs, row_red=row_red):
-                return [_update(r.op, f"{a}[j]", x) for r, a, x in zip(row_red, accs, xs, strict=True)]
+                return [_acc_update(r.op, f"{a}[j]", x) for r, a, x in zip(row_red, accs, xs, strict=True)]
 
             row_pass([r.inputs[0] for r in row_red], finish, [])
             for r, a in zip(row_red, accs, strict=True):

@@ -121,6 +121,16 @@ def _out(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
+def _output_and_epilogue(out_shape: tuple[int, ...], out: torch.Tensor | None, bias: torch.Tensor | None, act: str,
+                         residual: torch.Tensor | None) -> tuple[torch.Tensor, Epilogue | None, list[torch.Tensor]]:
+    """C (`out` checked, or a new tensor), the epilogue for it, and the tensors the epilogue points
+    into (the caller holds them until the library call returns)."""
+    c = _out(out_shape, out)
+    keep: list[torch.Tensor] = []
+    ep = _epilogue(out_shape[-1], out_shape[:-1], bias, act, residual, keep)
+    return c, ep, keep
+
+
 def _ep_ptr(ep: Epilogue | None):
     return ctypes.byref(ep) if ep is not None else None
 
@@ -148,9 +158,7 @@ def matmul(
         raise ValueError(f"inner dimensions differ: a {tuple(a.shape)}, b has K={b_k}")
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
-    c = _out((M, N), out)
-    keep: list[torch.Tensor] = []
-    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
     if not isinstance(b, PackedB) and torch.bfloat16 in (a.dtype, b.dtype):
         _check_cpu(b, "b", (torch.float32, torch.bfloat16))
         lib().nf_gemm_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
@@ -185,9 +193,7 @@ def matmul_block(
     _check_cpu(a, "a")
     M, K = a.shape
     N = b.N if isinstance(b, PackedB) else b.shape[1]
-    c = _out((M, N), out)
-    keep: list[torch.Tensor] = []
-    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
     (m0, m1), (n0, n1) = rows, cols
     if isinstance(b, PackedB):
         lib().nf_sgemm_packed_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
@@ -228,9 +234,7 @@ def linear(
     N = w.shape[0]
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
-    c = _out((M, N), out)
-    keep: list[torch.Tensor] = []
-    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
     lib().nf_gemm_nt_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
                            w.data_ptr(), int(w.dtype == torch.bfloat16), w.stride(0), c.data_ptr(), c.stride(0),
                            int(accumulate), _ep_ptr(ep), nthreads)
@@ -255,9 +259,7 @@ def linear_block(
     _check_weight(w, K)
     _check_cpu(w, "w")
     N = w.shape[0]
-    c = _out((M, N), out)
-    keep: list[torch.Tensor] = []
-    ep = _epilogue(N, (M,), bias, act, residual, keep)
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
     (m0, m1), (n0, n1) = rows, cols
     lib().nf_sgemm_nt_block(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), w.data_ptr(), w.stride(0),
                             c.data_ptr(), c.stride(0), m0, m1, n0, n1, int(accumulate), _ep_ptr(ep))
@@ -283,9 +285,7 @@ def bmm(
     N = b.N if isinstance(b, PackedB) else b.shape[2]
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
-    c = _out((batch, M, N), out)
-    keep: list[torch.Tensor] = []
-    ep = _epilogue(N, (batch, M), bias, act, residual, keep)
+    c, ep, keep = _output_and_epilogue((batch, M, N), out, bias, act, residual)
     if isinstance(b, PackedB):
         lib().nf_sgemm_packed_batched(batch, M, N, K, a.data_ptr(), a.stride(0), a.stride(1), a.stride(2), b.ptr(),
                                       0, c.data_ptr(), c.stride(0), c.stride(1), int(accumulate), _ep_ptr(ep),
