@@ -14,7 +14,6 @@ are correct; it never silently detaches.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from . import settings
 from .frontend.capture import Captured, capture
 from .ir import Graph
 from .passes.pipeline import PassRecord, run_pipeline
@@ -169,7 +169,7 @@ class _Entry:
 def resolve_backend(backend: str, graph: Graph) -> str:
     if backend != "auto":
         return backend
-    env = os.environ.get("NOVAFORGE_BACKEND")
+    env = settings.backend_override()
     if env:
         return env
     devices = {gi.value.type.device for gi in graph.inputs}
@@ -182,7 +182,7 @@ def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:
     """The CPU backend will build this graph (a guess from the inputs before capture: a wrong guess
     only builds the GEMM library early)."""
     if backend == "auto":
-        backend = os.environ.get("NOVAFORGE_BACKEND") or "auto"
+        backend = settings.backend_override() or "auto"
     if backend != "auto":
         return backend == "cpu"
     leaves = pytree.tree_leaves((args, kwargs))

@@ -34,6 +34,8 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .. import settings
+
 
 def _version() -> str:
     from .. import __version__
@@ -50,10 +52,7 @@ def cache_key(*parts: str) -> str:
 
 
 def default_root() -> Path:
-    env = os.environ.get("NOVAFORGE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "novaforge"
+    return settings.cache_root()
 
 
 def _makedirs(path: Path) -> None:

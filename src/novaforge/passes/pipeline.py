@@ -7,12 +7,12 @@ NOVAFORGE_CHECK=1 (and in tests) the verifier runs after every pass.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import settings
 from ..ir import Graph, verify
 from .context import PassContext
 from .cse import cse
@@ -77,7 +77,7 @@ def run_pipeline(
     check: bool | None = None,
     backend: Any = None,
 ) -> tuple[Graph, list[PassRecord]]:
-    check = os.environ.get("NOVAFORGE_CHECK") == "1" if check is None else check
+    check = settings.check_enabled() if check is None else check
     records: list[PassRecord] = []
     for name, fn in passes if passes is not None else default_pipeline():
         ctx = PassContext(options=dict(options or {}), target=target, backend=backend)

@@ -10,11 +10,11 @@ gradients.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
+from .. import settings
 from ..ir import OPS, Graph, Value
 
 
@@ -38,7 +38,7 @@ def _last_uses(graph: Graph) -> dict[int, list[Value]]:
 def interpret(graph: Graph, inputs: Sequence[torch.Tensor], check: bool | None = None) -> list[torch.Tensor]:
     """Run `graph`. `inputs` bind the graph's non-const inputs in order; const inputs use their
     own tensors. Returns the outputs followed by the new values of mutated inputs."""
-    check = os.environ.get("NOVAFORGE_CHECK") == "1" if check is None else check
+    check = settings.check_enabled() if check is None else check
     env: dict[Value, torch.Tensor] = {}
     it = iter(inputs)
     for gi in graph.inputs:

@@ -25,13 +25,13 @@ data whose `key()` enters cache keys.
 
 from __future__ import annotations
 
-import os
 from dataclasses import astuple, dataclass, fields
 
+from .. import settings
 from .target import CpuTarget
 
 # one OpenMP parallel region (fork + join) on a warm pool, ns (NOVAFORGE_CPU_FORK_NS: experiments)
-FORK_NS = float(os.environ.get("NOVAFORGE_CPU_FORK_NS", "1500"))
+FORK_NS = settings.cpu_fork_ns()
 BYTES_PER_NS_CORE = 12.0  # streaming bandwidth one core sustains from L2/L3, bytes/ns
 GHZ = 2.5
 

@@ -12,6 +12,8 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+from .. import settings
+
 
 @dataclass(frozen=True)
 class CpuTarget:
@@ -117,7 +119,7 @@ def _threads() -> int:
 
 def detect_cpu_target() -> CpuTarget:
     """The host CPU (cached per thread count: `torch.set_num_threads` gives a new target)."""
-    return _detect(_threads(), os.environ.get("NOVAFORGE_CPU_SIMD", ""))
+    return _detect(_threads(), settings.cpu_simd_override())
 
 
 @functools.lru_cache(maxsize=8)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ... import settings
 from ...schedule.target import CpuTarget
 
 HEADER_DIR = Path(__file__).resolve().parent
@@ -29,7 +30,7 @@ class CompileError(RuntimeError):
 
 
 def compiler() -> str:
-    cxx = os.environ.get("NOVAFORGE_CXX") or os.environ.get("CXX") or "g++"
+    cxx = settings.cxx()
     if shutil.which(cxx) is None:
         raise CompileError(f"C++ compiler {cxx!r} not found (set NOVAFORGE_CXX or CXX)")
     return cxx

@@ -22,6 +22,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .... import settings
+
 _HERE = Path(__file__).resolve().parent
 SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp")
 HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_internal.h")
@@ -44,18 +46,17 @@ def source_files() -> list[Path]:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("NOVAFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "novaforge")
-    d = Path(root) / "gemm"
+    d = settings.cache_root() / "gemm"
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d
 
 
 def compiler() -> str:
-    return os.environ.get("CXX", "g++")
+    return settings.cxx()
 
 
 def isa_choice() -> str:
-    isa = os.environ.get("NOVAFORGE_GEMM_ISA", "native")
+    isa = settings.gemm_isa()
     if isa not in ISA_FLAGS:
         raise ValueError(f"NOVAFORGE_GEMM_ISA={isa!r}; expected one of {sorted(ISA_FLAGS)}")
     return isa

@@ -1,0 +1,80 @@
+"""Every environment variable novaforge reads, in one place (docs/options.md lists them).
+
+Each is read when asked for (tests and users change the environment between compiles), never
+cached at import. Nothing else in the package calls `os.environ`; the one exception is
+`TRITON_INTERPRET`, which Triton itself reads and which the Triton loader sets for CPU runs.
+
+Invariant: a function here returns a validated value or raises `ValueError` naming the
+variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _get(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def cache_root() -> Path:
+    """The kernel/graph cache: $NOVAFORGE_CACHE_DIR, else $XDG_CACHE_HOME/novaforge, else
+    ~/.cache/novaforge."""
+    env = _get("NOVAFORGE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(_get("XDG_CACHE_HOME") or Path.home() / ".cache") / "novaforge"
+
+
+def backend_override() -> str:
+    """$NOVAFORGE_BACKEND: replaces backend='auto' ('' when unset)."""
+    return _get("NOVAFORGE_BACKEND")
+
+
+def check_mode() -> str:
+    """$NOVAFORGE_CHECK: '' (off), '1' (IR verifier after every pass, interpreter type checks)
+    or 'numerics' (also compare every kernel with the interpreter)."""
+    v = _get("NOVAFORGE_CHECK")
+    if v in ("", "0"):
+        return ""
+    if v not in ("1", "numerics"):
+        raise ValueError(f"NOVAFORGE_CHECK={v!r}; expected 0, 1 or numerics")
+    return v
+
+
+def check_enabled() -> bool:
+    return check_mode() != ""
+
+
+def cxx() -> str:
+    """The C++ compiler: $NOVAFORGE_CXX, else $CXX, else g++."""
+    return _get("NOVAFORGE_CXX") or _get("CXX") or "g++"
+
+
+def gemm_isa() -> str:
+    """$NOVAFORGE_GEMM_ISA: the instruction set nf_gemm is built for (default 'native')."""
+    return _get("NOVAFORGE_GEMM_ISA", "native")
+
+
+def cpu_simd_override() -> str:
+    """$NOVAFORGE_CPU_SIMD: force the CPU target's SIMD level (avx512, avx2, scalar; tests)."""
+    v = _get("NOVAFORGE_CPU_SIMD")
+    if v and v not in ("avx512", "avx2", "scalar"):
+        raise ValueError(f"NOVAFORGE_CPU_SIMD={v!r}; expected avx512, avx2 or scalar")
+    return v
+
+
+def cpu_fork_ns() -> float:
+    """$NOVAFORGE_CPU_FORK_NS: the modelled cost of one OpenMP parallel region (experiments)."""
+    return float(_get("NOVAFORGE_CPU_FORK_NS", "1500"))
+
+
+def debug_dir() -> str:
+    """$NOVAFORGE_DEBUG: a directory that keeps generated sources ('' when unset or '0')."""
+    v = _get("NOVAFORGE_DEBUG")
+    return "" if v == "0" else v
+
+
+def triton_interpret() -> bool:
+    return _get("TRITON_INTERPRET") == "1"
