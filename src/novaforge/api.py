@@ -22,6 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import settings
+from .frontend import pytrees
 from .frontend.capture import Captured, capture
 from .ir import Graph
 from .passes.pipeline import PassRecord, run_pipeline
@@ -82,18 +83,18 @@ class CompiledModule:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs and all(type(a) is torch.Tensor for a in args):
             # fast path (no pytree work): positional plain tensors; keyed apart from the general path
-            flat, spec = list(args), len(args)
+            tensors, objs, spec_key = list(args), [], len(args)
         else:
-            flat, spec = pytree.tree_flatten((args, kwargs))
-        key = (spec, _signature(flat), torch.is_grad_enabled())
+            flat = pytrees.flatten((tuple(args), dict(kwargs)))
+            tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
+        key = (spec_key, _signature(tensors), torch.is_grad_enabled())
         entry = self._programs.get(key)
         if entry is not None and not entry.frozen_still_valid():
             entry = None  # a frozen parameter was modified in place: its constants are stale
         if entry is None:
             entry = self._compile(args, kwargs)
             self._programs[key] = entry
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        return entry.run(tensors, self._needs_grad(tensors, entry))
+        return entry.run(tensors, objs, self._needs_grad(tensors, entry))
 
     def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
         if not torch.is_grad_enabled():
@@ -101,14 +102,25 @@ class CompiledModule:
         return any(t.requires_grad for t in tensors) or any(t.requires_grad for t in entry.captured.param_refs)
 
     def _compile(self, args: tuple, kwargs: dict) -> _Entry:
-        stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
-                              options=self.options)
+        from .generation import capturing
+
+        with capturing():  # a forward replaced by `generate` traces the original
+            stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
+                                  options=self.options)
         self.compilations += 1
         self.last_stats = stats
         return _Entry(stats)
 
     def stats(self) -> CompileStats | None:
         return self.last_stats
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's `generate` with every forward call compiled (transformers models; a
+        static KV cache by default, so decoding builds a bounded number of programs: see
+        novaforge/generation.py)."""
+        from .generation import generate
+
+        return generate(self, *args, **kwargs)
 
 
 class _Entry:
@@ -148,7 +160,7 @@ class _Entry:
                 ref += 1
         return [pos[old] for old, _ in g.mutations]
 
-    def run(self, tensors: list[torch.Tensor], needs_grad: bool) -> Any:
+    def run(self, tensors: list[torch.Tensor], objs: list[Any], needs_grad: bool) -> Any:
         refs = self.captured.param_refs
         bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.binding]
         if needs_grad or self.stats.program is None:
@@ -163,7 +175,10 @@ class _Entry:
                     dst.copy_(val)
         if self.out_is_leaf:
             return results[0]
-        return pytree.tree_unflatten(list(results), self.captured.out_spec)
+        spec = self.captured.out_spec
+        if isinstance(spec, pytrees.Spec):
+            return pytrees.unflatten(spec, list(results), inputs_objs=objs, inputs_tensors=tensors)
+        return pytree.tree_unflatten(list(results), spec)
 
 
 def resolve_backend(backend: str, graph: Graph) -> str:

@@ -7,9 +7,11 @@ export's pre-dispatch trace, its guards and its verifier, which compile time can
 
 How it works: parameters, buffers and the tensor leaves of the call's (args, kwargs) become
 the traced function's inputs, in that order; non-tensor leaves are specialized (they are part
-of the runtime guard). `torch.func.functionalize` turns in-place updates of inputs into
-trailing `copy_(input, value)` nodes, which become `Graph.mutations` (buffer updates, user
-input mutations). Output pytree structure is recorded during tracing and rebuilt at run time.
+of the runtime guard). Leaves come from `pytrees.flatten`, which also opens transformers cache
+objects, so a KV cache passed in or returned is a set of graph inputs and outputs.
+`torch.func.functionalize` turns in-place updates of inputs into trailing `copy_(input, value)` nodes, which become `Graph.mutations` (buffer updates, user
+input mutations). The output structure is recorded during tracing (`pytrees.Spec`, including
+which results are the call's own input objects or tensors) and rebuilt at run time.
 Invariant: the same as capture.py's — the graph computes what the module computes for inputs
 of the captured signature, or capture raises a clear error.
 """
@@ -21,8 +23,8 @@ import time
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from . import pytrees
 from .lower import InputSpec, UnsupportedError, lower_fx
 
 
@@ -64,24 +66,22 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
     params = dict(mod.named_parameters())
     buffers = dict(mod.named_buffers())
     pnames, bnames = list(params), list(buffers)
-    flat, in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    tensor_idx = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    flat_in = pytrees.flatten((tuple(args), dict(kwargs)))
     out_info: dict[str, Any] = {}
 
     def traced(param_list, buffer_list, tensor_args):
-        leaves = list(flat)
-        for i, t in zip(tensor_idx, tensor_args, strict=True):
-            leaves[i] = t
-        a, k = pytree.tree_unflatten(leaves, in_spec)
+        trace_objs: list[Any] = []  # the cache objects the traced call receives, by number
+        a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
-        out_flat, out_spec = pytree.tree_flatten(out)
-        out_info["spec"] = out_spec
-        out_info["consts"] = {i: o for i, o in enumerate(out_flat) if not isinstance(o, torch.Tensor)}
-        return [o for o in out_flat if isinstance(o, torch.Tensor)]
+        flat_out = pytrees.flatten(out, inputs_objs={id(o): i for i, o in enumerate(trace_objs)},
+                                   inputs_tensors={id(t): i for i, t in enumerate(tensor_args)})
+        out_info["spec"] = flat_out.spec
+        out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)
+        return flat_out.leaves
 
     t0 = time.perf_counter()
-    example = ([p.detach() for p in params.values()], list(buffers.values()), [flat[i] for i in tensor_idx])
+    example = ([p.detach() for p in params.values()], list(buffers.values()), list(flat_in.leaves))
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
@@ -107,8 +107,9 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
                            f"{type(e).__name__}: {head}") from e
     t1 = time.perf_counter()
     if out_info.get("consts"):
-        raise CaptureError(f"{type(mod).__name__} returns non-tensor values {list(out_info['consts'].values())[:3]}; "
-                           "novaforge compiles functions that return tensors (in any pytree)")
+        raise CaptureError(f"{type(mod).__name__} returns values novaforge cannot rebuild {out_info['consts'][:3]}; "
+                           "compiled functions return tensors, Python numbers and transformers caches "
+                           "(in any pytree)")
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     n_p, n_b = len(pnames), len(bnames)

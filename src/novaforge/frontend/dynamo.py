@@ -1,12 +1,28 @@
 """`torch.compile(model, backend="novaforge")`: the Dynamo backend.
 
 Dynamo hands us one FX graph per graph-break-free region; AOTAutograd functionalizes it to
-ATen (forward, and for training a backward graph too) and calls `_compile_aten` on each. Every
+ATen (forward, and for training a backward graph too) and calls the compiler on each. Every
 ATen graph is lowered to the IR, optimized by the same pass pipeline and built by the same
-backends as `novaforge.compile`. Graph breaks need nothing special: each region is its own
-graph. Shapes: a graph with static example shapes compiles at once; a graph Dynamo made
-dynamic is compiled lazily per concrete input signature (re-traced with `make_fx`), since the
-code generators specialize on shapes.
+backends as `novaforge.compile`. AOTAutograd owns the calling convention around our graph:
+it applies input mutations (returned by the graph as extra outputs), regenerates outputs that
+alias inputs or other outputs, and unwraps subclasses, so the graph we see is functional and
+returns plain tensors and, in dynamic graphs, SymInts.
+
+What the compiler sees and how it is handled:
+
+* Example inputs are fake tensors and SymInts, and the compiler is called while Dynamo's fake
+  mode is active. All our compile work (constant folding, lowering constants) happens with
+  that mode switched off, so `get_attr` / lifted constants stay real tensors bound at run time.
+* A graph with static example inputs compiles at once. A graph Dynamo made dynamic (SymInt
+  inputs or symbolic sizes) compiles lazily per concrete input signature (tensor shapes,
+  dtypes and the integer arguments), re-traced with `make_fx`, since the code generators
+  specialize on shapes.
+* Outputs that are not tensors computed by the graph (constants, SymInts that become Python
+  numbers after specialization) are re-inserted at run time.
+* Anything novaforge cannot compile (an unsupported op or dtype, a data-dependent shape, a
+  lowering failure) never crashes the user's run: the graph runs as the ATen graph Dynamo
+  gave (eager semantics), and the fallback is logged with the op and the reason and recorded
+  in `FALLBACKS` (tests assert on it). `options={"fallback": "raise"}` raises instead.
 
 Invariant: the callable returned for an ATen graph computes exactly what the graph computes
 (outputs in the graph's order), for every input signature it is called with.
@@ -15,7 +31,9 @@ Invariant: the callable returned for an ATen graph computes exactly what the gra
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +44,19 @@ log = logging.getLogger("novaforge.dynamo")
 # Decompositions applied while AOTAutograd traces: torch's core-ATen table, minus the ops we
 # lower better ourselves (attention stays one op).
 _KEEP = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """One ATen graph (or one of its input signatures) that runs uncompiled, and why."""
+
+    graph: str  # the graph's first ATen ops, to recognise it
+    reason: str  # the exception: it names the op and the user's source line
+
+
+FALLBACKS: list[Fallback] = []  # every fallback of this process, in order
+_FALLBACK_LOCK = threading.Lock()
+FALLBACK_MODES = ("eager", "raise")
 
 
 def _decompositions() -> dict[Any, Any]:
@@ -48,17 +79,65 @@ def _is_static(inputs: Sequence[Any]) -> bool:
     return True
 
 
+def _signature(args: Sequence[Any]) -> tuple:
+    """What a compiled program of this graph specializes on: tensor shapes, dtypes, devices,
+    and the values of non-tensor arguments (SymInts at trace time, ints at run time)."""
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((tuple(a.shape), a.dtype, a.device.type, a.device.index))
+        else:
+            sig.append((type(a).__name__, a))
+    return tuple(sig)
+
+
+def _describe_graph(gm: torch.fx.GraphModule) -> str:
+    ops = [str(n.target).replace("aten.", "") for n in gm.graph.nodes if n.op == "call_function"]
+    head = ", ".join(ops[:4])
+    return f"{len(ops)} ops: {head}{', ...' if len(ops) > 4 else ''}"
+
+
+def _no_fake_mode():
+    """Switch Dynamo's active fake mode off: our compile work uses real constants."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 class _AtenGraphProgram:
-    """A compiled ATen graph: one novaforge program per concrete input signature."""
+    """A compiled ATen graph: one novaforge program per concrete input signature, or the graph
+    itself (eager) where novaforge cannot compile it."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> None:
         self.gm = gm
-        self.options = options
+        self.options = dict(options)
+        self.fallback_mode = self.options.pop("fallback", "eager")
+        if self.fallback_mode not in FALLBACK_MODES:
+            raise ValueError(f"option fallback must be one of {FALLBACK_MODES}, got {self.fallback_mode!r}")
         self.programs: dict[tuple, Any] = {}
         self.stats: list[Any] = []
-        if _is_static(example_inputs) and all(isinstance(x, torch.Tensor) for x in example_inputs):
-            key = tuple((tuple(x.shape), x.dtype, str(x.device)) for x in example_inputs)
-            self.programs[key] = self._build(gm)
+        self.fallbacks: list[Fallback] = []
+        self._lock = threading.Lock()
+        if _is_static(example_inputs):
+            self.programs[_signature(example_inputs)] = self._build_or_fallback(gm)
+
+    def _build_or_fallback(self, gm: torch.fx.GraphModule) -> Any:
+        try:
+            with _no_fake_mode():
+                return self._build(gm)
+        except Exception as e:
+            if self.fallback_mode == "raise":
+                raise
+            return self._fallback(e)
+
+    def _fallback(self, e: BaseException) -> Any:
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        fb = Fallback(_describe_graph(self.gm), reason)
+        with _FALLBACK_LOCK:
+            FALLBACKS.append(fb)
+        self.fallbacks.append(fb)
+        log.warning("novaforge: running a graph uncompiled (%s): %s", fb.graph, reason)
+        return _EagerRunner(self.gm)
 
     def _build(self, gm: torch.fx.GraphModule):
         from ..api import CompileStats, resolve_backend
@@ -71,8 +150,8 @@ class _AtenGraphProgram:
         specs = [InputSpec("user" if isinstance(n.meta.get("val"), torch.Tensor) else "skip", n.name)
                  for n in placeholders]
         out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        tensor_outs = [a for a in out_args if isinstance(a, torch.fx.Node)]
-        constants = {i: a for i, a in enumerate(out_args) if not isinstance(a, torch.fx.Node)}
+        tensor_outs = [a for a in out_args if _is_tensor_node(a)]
+        constants = {i: _constant_output(a) for i, a in enumerate(out_args) if not _is_tensor_node(a)}
         graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
         graph.meta["aten_ops"] = aten
@@ -84,33 +163,70 @@ class _AtenGraphProgram:
         program = be.build(optimized, opts)
         captured = Captured(graph, None, [], aten, ctx.externs)
         self.stats.append(CompileStats(captured, optimized, records, {}, backend, program))
-        return _Runner(program, optimized, constants, len(out_args))
+        tensor_pos = [i for i, s in enumerate(specs) if s.kind == "user"]
+        return _Runner(program, optimized, constants, len(out_args), tensor_pos)
 
-    def __call__(self, *args: Any) -> list[torch.Tensor]:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        key = tuple((tuple(x.shape), x.dtype, str(x.device)) for x in tensors)
+    def __call__(self, *args: Any) -> list[Any]:
+        key = _signature(args)
         runner = self.programs.get(key)
         if runner is None:
-            from torch.fx.experimental.proxy_tensor import make_fx
+            with self._lock:  # concurrent first calls of one signature compile it once
+                runner = self.programs.get(key)
+                if runner is None:
+                    runner = self._specialize(args)
+                    self.programs[key] = runner
+        return runner(args)
 
-            static = make_fx(self.gm, tracing_mode="fake")(*args)
-            runner = self._build(static)
-            self.programs[key] = runner
-        return runner(tensors)
+    def _specialize(self, args: Sequence[Any]) -> Any:
+        """A program for the concrete signature of `args` (a dynamic graph, re-traced)."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        try:
+            with _no_fake_mode():
+                static = make_fx(self.gm, tracing_mode="fake")(*args)
+        except Exception as e:
+            if self.fallback_mode == "raise":
+                raise
+            return self._fallback(e)
+        return self._build_or_fallback(static)
+
+
+def _is_tensor_node(a: Any) -> bool:
+    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+
+
+def _constant_output(a: Any) -> Any:
+    """A graph output that is not a tensor: a constant, or a node whose value is a Python number
+    after specialization (a SymInt the static trace made concrete)."""
+    if isinstance(a, torch.fx.Node):
+        val = a.meta.get("val")
+        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+            from torch.fx.experimental.symbolic_shapes import guard_scalar
+
+            return guard_scalar(val)
+        if isinstance(val, int | float | bool):
+            return val
+        from .lower import UnsupportedError
+
+        raise UnsupportedError(f"graph output {a.name} is not a tensor ({type(val).__name__})")
+    return a
 
 
 class _Runner:
     """Runs one static program; re-inserts outputs that tracing turned into constants."""
 
-    def __init__(self, program: Any, graph: Any, constants: dict[int, Any], n_out: int) -> None:
+    def __init__(self, program: Any, graph: Any, constants: dict[int, Any], n_out: int,
+                 tensor_pos: list[int]) -> None:
         self.program = program
         self.graph = graph
         self.constants = constants
         self.n_out = n_out
+        self.tensor_pos = tensor_pos
 
-    def __call__(self, tensors: list[torch.Tensor]) -> list[Any]:
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
         from ..runtime.interpret import interpret
 
+        tensors = [args[i] for i in self.tensor_pos]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             outs = interpret(self.graph, tensors)
         else:
@@ -119,6 +235,16 @@ class _Runner:
             return outs
         it = iter(outs)
         return [self.constants[i] if i in self.constants else next(it) for i in range(self.n_out)]
+
+
+class _EagerRunner:
+    """The ATen graph itself, run op by op by torch: eager semantics for what we cannot compile."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
+        return list(self.gm(*args))
 
 
 def _compile_aten(options: dict[str, Any]):

@@ -1,0 +1,173 @@
+"""Flatten a call's arguments and results to tensors, including cache objects.
+
+`torch.utils._pytree` flattens containers (tuples, lists, dicts, namedtuples, transformers'
+ModelOutputs) but treats a transformers cache (`DynamicCache`, `StaticCache`, their layers)
+as an opaque leaf. Here such objects are flattened too: their attributes (`__dict__`) become
+children, so the tensors inside become inputs or outputs of the compiled graph and the other
+attributes become part of the spec (and so of the program's guard).
+
+A `Spec` is a tree of nodes:
+
+* `tensor`: a leaf tensor, numbered in flattening order;
+* `const`: any other leaf (None, numbers, dtypes...), kept by value;
+* `tree`: a pytree container (one level of torch's pytree: its type, context, children);
+* `obj`: a cache-like object (its class, attribute names, children), numbered in order;
+* `ref`: an object already seen in this flattening (the same object twice);
+* `in_obj` / `in_tensor` (outputs only): the result *is* an input object or input tensor of the
+  call (eager returned what it was given, e.g. the cache it updated in place).
+
+Invariants: `unflatten(spec, flatten(x).leaves)` rebuilds a structure equal to `x` (objects
+as fresh instances of their classes, or the caller's own objects for `in_obj` nodes, updated
+in place exactly as eager updates them); `spec.key` is hashable and equal for two calls
+exactly when their structure and non-tensor values are equal.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format,
+          torch.layout, type, slice, type(Ellipsis))
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str  # tensor | const | tree | obj | ref | in_obj | in_tensor
+    type: Any = None
+    context: Any = None
+    children: tuple[Spec, ...] = ()
+    value: Any = None
+    index: int = -1  # tensor: leaf number; obj/ref/in_obj: object number; in_tensor: input leaf number
+    # (in_obj: `value` is the input object's number)
+    key: Any = field(default=None, compare=False)
+
+    def is_leaf(self) -> bool:
+        return self.kind == "tensor"
+
+
+def is_cache_object(x: Any) -> bool:
+    """A transformers cache or cache layer (flattened by attributes), judged by class without
+    importing transformers: a `Cache` / `CacheLayerMixin` subclass, or a class named '*Cache'."""
+    cls = type(x)
+    if not hasattr(x, "__dict__") or isinstance(x, torch.Tensor | torch.nn.Module):
+        return False
+    if cls.__name__.endswith("Cache"):
+        return True
+    cu = sys.modules.get("transformers.cache_utils")
+    if cu is None:
+        return False
+    bases = tuple(b for b in (getattr(cu, "Cache", None), getattr(cu, "CacheLayerMixin", None)) if b is not None)
+    return bool(bases) and isinstance(x, bases)
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return repr(v)
+
+
+@dataclass
+class Flat:
+    leaves: list[torch.Tensor]
+    objs: list[Any]
+    spec: Spec
+
+
+def flatten(x: Any, *, inputs_objs: dict[int, int] | None = None,
+            inputs_tensors: dict[int, int] | None = None) -> Flat:
+    """Flatten `x`. For results, `inputs_objs` / `inputs_tensors` map id() of the call's input
+    objects / tensors to their numbers: a result that is one of them becomes an `in_obj` /
+    `in_tensor` node instead of a new object or leaf."""
+    leaves: list[torch.Tensor] = []
+    objs: list[Any] = []
+    seen: dict[int, int] = {}
+
+    def go(v: Any) -> Spec:
+        if isinstance(v, torch.Tensor):
+            if inputs_tensors is not None and id(v) in inputs_tensors:
+                i = inputs_tensors[id(v)]
+                return Spec("in_tensor", index=i, key=("in_tensor", i))
+            leaves.append(v)
+            return Spec("tensor", index=len(leaves) - 1, key="T")
+        if is_cache_object(v):
+            if id(v) in seen:
+                i = seen[id(v)]
+                return Spec("ref", index=i, key=("ref", i))
+            seen[id(v)] = len(objs)
+            objs.append(v)
+            names = tuple(vars(v))
+            kids = tuple(go(getattr(v, n)) for n in names)
+            alias = inputs_objs.get(id(v)) if inputs_objs is not None else None
+            kind = "obj" if alias is None else "in_obj"
+            return Spec(kind, type(v), names, kids, value=alias, index=seen[id(v)],
+                        key=(kind, type(v), names, tuple(k.key for k in kids), alias))
+        node_type = pytree._get_node_type(v)
+        if node_type in pytree.SUPPORTED_NODES and not isinstance(v, _PLAIN):
+            children, context = pytree.SUPPORTED_NODES[node_type].flatten_fn(v)
+            kids = tuple(go(c) for c in children)
+            return Spec("tree", node_type, context, kids,
+                        key=("tree", node_type, _hashable(context), tuple(k.key for k in kids)))
+        return Spec("const", value=v, key=("const", type(v).__name__, _hashable(v)))
+
+    spec = go(x)
+    return Flat(leaves, objs, spec)
+
+
+def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = None,
+              inputs_tensors: list[Any] | None = None, objs_out: list[Any] | None = None) -> Any:
+    """Rebuild the structure of `spec` from `leaves`. `in_obj` nodes reuse the caller's objects
+    (`inputs_objs`), whose attributes are set to the rebuilt values; `in_tensor` nodes are the
+    caller's tensors. `objs_out`, when given, receives every object rebuilt, by number."""
+    built: dict[int, Any] = {}
+
+    def go(s: Spec) -> Any:
+        if s.kind == "tensor":
+            return leaves[s.index]
+        if s.kind == "const":
+            return s.value
+        if s.kind == "in_tensor":
+            assert inputs_tensors is not None
+            return inputs_tensors[s.index]
+        if s.kind == "ref":
+            return built[s.index]
+        if s.kind in ("obj", "in_obj"):
+            if s.kind == "in_obj":
+                assert inputs_objs is not None
+                obj = inputs_objs[s.value]
+            else:
+                obj = s.type.__new__(s.type)
+            built[s.index] = obj
+            if objs_out is not None:
+                objs_out.append(obj)
+            for name, kid in zip(s.context, s.children, strict=True):
+                obj.__dict__[name] = go(kid)
+            return obj
+        assert s.kind == "tree"
+        return pytree.SUPPORTED_NODES[s.type].unflatten_fn([go(k) for k in s.children], s.context)
+
+    return go(spec)
+
+
+def non_plain_consts(spec: Spec) -> list[Any]:
+    """The `const` values of `spec` that are not plain Python values (a result of such a type
+    cannot be returned by a compiled program: it may hold traced state)."""
+    out: list[Any] = []
+
+    def go(s: Spec) -> None:
+        if s.kind == "const":
+            v = s.value
+            plain = isinstance(v, _PLAIN) or (isinstance(v, tuple | list) and all(isinstance(e, _PLAIN) for e in v))
+            if not plain:
+                out.append(v)
+        for k in s.children:
+            go(k)
+
+    go(spec)
+    return out
