@@ -196,6 +196,8 @@ class MatmulSchedule:
     num_stages: int
     loader: str = "pointer"  # pointer | tma (Hopper tensor-memory-accelerator descriptors)
     input_precision: str = "tf32"  # tf32 | ieee (float32 only; 16-bit inputs ignore it)
+    programs: int = 0  # persistent: grid min(tiles, SMs x resident CTAs), each looping over tiles; 0: one per tile
+    subtile: int = 1  # epilogue column subtiles (2: the accumulator is stored in two BLOCK_N/2 halves)
     # the model's view of the choice (documentation; not part of the key)
     predicted_s: float = field(default=0.0, compare=False)
     tiles: int = field(default=0, compare=False)
@@ -203,10 +205,17 @@ class MatmulSchedule:
     wave_efficiency: float = field(default=0.0, compare=False)
     intensity: float = field(default=0.0, compare=False)
     bound: str = field(default="", compare=False)
+    smem: int = field(default=0, compare=False)  # predicted shared memory per CTA, bytes
+    ctas_per_sm: int = field(default=0, compare=False)
+
+    @property
+    def persistent(self) -> bool:
+        return self.programs > 0
 
     def key(self) -> str:
         return (f"mm{self.block_m}x{self.block_n}x{self.block_k}g{self.group_m}w{self.num_warps}"
-                f"s{self.num_stages}{self.loader}{self.input_precision}")
+                f"s{self.num_stages}{self.loader}{self.input_precision}"
+                + (f"p{self.programs}e{self.subtile}" if self.persistent else ""))
 
     def launch(self) -> dict[str, int]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -214,7 +223,7 @@ class MatmulSchedule:
 
 @dataclass(frozen=True)
 class MatmulEstimate:
-    """One scored candidate (eq. M1-M9)."""
+    """One scored candidate (eq. M1-M10)."""
 
     block_m: int
     block_n: int
@@ -227,18 +236,24 @@ class MatmulEstimate:
     t_compute: float
     t_l2: float
     t_dram: float
-    t_fill: float
+    t_fill: float  # latency paid once: the first pipeline fill (eq. M9)
     smem: int
     regs: int
+    persistent: bool = False
+    programs: int = 0
+    subtile: int = 1
+    t_overhead: float = 0.0  # exposed per-tile fills and epilogues on the busiest SM (eq. M10)
 
     @property
     def time(self) -> float:
-        return max(self.t_compute, self.t_l2, self.t_dram) + self.t_fill
+        return max(self.t_compute + self.t_overhead, self.t_l2, self.t_dram) + self.t_fill
 
     @property
     def bound(self) -> str:
-        m = max(self.t_compute, self.t_l2, self.t_dram)
-        return "compute" if m == self.t_compute else ("l2" if m == self.t_l2 else "dram")
+        m = max(self.t_compute + self.t_overhead, self.t_l2, self.t_dram)
+        if m == self.t_compute + self.t_overhead:
+            return "compute" if self.t_overhead <= 0.1 * self.t_compute else "latency"
+        return "l2" if m == self.t_l2 else "dram"
 
 
 MM_TILES = (16, 32, 64, 128, 256)
@@ -247,19 +262,32 @@ REGS_OVERHEAD = 40
 SMEM_USABLE = 0.9  # of the per-block limit: the rest is left to barriers and epilogue layout conversions
 MAX_STAGES = 4
 SM_BW_SHARE = 2.0
+PERSISTENT_MIN_TILES = 2  # eq. M10: a persistent grid only when every program gets at least two tiles on average
+
+
+def _epilogue_scratch(bm: int, bn: int, subtile: int) -> int:
+    """Shared memory of the epilogue's layout conversion (MMA accumulator -> coalesced stores), one
+    float32 (sub)tile. A one-tile kernel reuses the drained pipeline buffers for it; a persistent
+    kernel keeps them live (the next tile's loads are in flight), so it adds (eq. M5')."""
+    return bm * (bn // subtile) * 4
 
 
 def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, target: GpuTarget,
-                      out_bytes: int | None = None, extra_bytes: int = 0, tf32: bool = True) -> list[MatmulEstimate]:
-    """Every feasible (BLOCK_M, BLOCK_N) with its derived BLOCK_K, warps, stages, GROUP_M and predicted time."""
+                      out_bytes: int | None = None, extra_bytes: int = 0, tf32: bool = True,
+                      persistent: bool | None = None) -> list[MatmulEstimate]:
+    """Every feasible (BLOCK_M, BLOCK_N, one-tile or persistent) with its derived BLOCK_K, warps,
+    stages, GROUP_M and predicted time. `persistent`: None scores both forms, True/False only one."""
     e = itemsize(dtype)
     e_out = e if out_bytes is None else out_bytes
     kind = math_kind(dtype, tf32)
     peak = target.peak(kind)
     p_sm = peak / target.sm_count
+    lam = target.mem_latency_s
+    epi_per_elem = e_out + extra_bytes / max(1, batch * m * n)  # bytes an epilogue moves per output element
     # eq. M2: BLOCK_K spans 128 bytes (one swizzled shared-memory row), no more than K needs
     bk = clamp(128 // e, 16, max(16, pow2_ceil(k)))
     k_pad = cdiv(max(k, 1), bk) * bk
+    forms = (False, True) if persistent is None else (persistent,)
     out = []
     for bm in MM_TILES:
         if bm > max(16, pow2_ceil(m)):
@@ -274,18 +302,6 @@ def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, ta
                 continue
             regs = acc + REGS_OVERHEAD
             stage_bytes = (bm * bk + bk * bn) * e
-            s_max = int(SMEM_USABLE * target.smem_per_block) // stage_bytes
-            if s_max < 2:
-                continue
-            # eq. M4: enough stages in flight to cover 1.5x the DRAM latency with one k-step of MMA each
-            t_k = 2.0 * bm * bn * bk / p_sm
-            stages = clamp(1 + math.ceil(1.5 * target.mem_latency_s / t_k), 2, min(s_max, MAX_STAGES, cdiv(k, bk) + 1))
-            smem = stages * stage_bytes
-            # eq. M5: resident CTAs per SM
-            ctas = min(target.smem_per_sm // smem, target.regs_per_sm // (32 * w * regs),
-                       target.max_threads_per_sm // (32 * w), target.max_ctas_per_sm)
-            if ctas < 1:
-                continue
             tiles = batch * cdiv(m, bm) * cdiv(n, bn)
             # eq. M6: shared-memory bandwidth efficiency (A slice per warpgroup, all of B per warpgroup)
             wg = max(1, w // 4)
@@ -293,47 +309,92 @@ def matmul_candidates(batch: int, m: int, n: int, k: int, dtype: torch.dtype, ta
             eta = min(1.0, target.smem_bandwidth_per_sm / smem_demand)
             # eq. M1: wave quantization -- the busiest SM runs ceil(tiles / SMs) tiles
             t_tile = 2.0 * bm * bn * k_pad / (p_sm * eta)
-            t_compute = cdiv(tiles, target.sm_count) * t_tile
             # eq. M7: operand traffic L2 -> SMs
             t_l2 = tiles * (bm + bn) * k_pad * e / target.l2_bw
-            # eq. M8: DRAM traffic with GROUP_M swizzling
-            active = min(tiles, target.sm_count * ctas)
-            g = clamp(round(math.sqrt(active * bn / bm)), 1, max(1, cdiv(m, bm)))
-            compulsory = batch * (m * k + k * n) * e + batch * m * n * e_out + extra_bytes
-            if batch * (m * k + k * n) * e <= target.l2_bytes // 2:
-                dram = compulsory
-            else:
-                per_wave = (g * bm + (active / g) * bn) * k * e
-                dram = max(compulsory, cdiv(tiles, active) * per_wave + batch * m * n * e_out + extra_bytes)
-            # eq. M8': one SM pulls at most twice its fair share of DRAM bandwidth
-            sms = min(tiles, target.sm_count)
-            t_dram = dram / min(target.mem_bandwidth, sms * SM_BW_SHARE * target.mem_bandwidth / target.sm_count)
-            # eq. M9: pipeline fill and epilogue latency, once per wave of resident CTAs
-            t_fill = cdiv(tiles, target.sm_count * ctas) * target.mem_latency_s
-            out.append(MatmulEstimate(bm, bn, bk, w, stages, g, ctas, tiles, t_compute, t_l2, t_dram, t_fill,
-                                      smem, regs))
+            # eq. M10: one tile's epilogue: its outputs (and epilogue inputs) at the SM's share of L2 bandwidth
+            t_epi = bm * bn * epi_per_elem / (target.l2_bw / target.sm_count)
+            # eq. M4: enough stages in flight to cover 1.5x the DRAM latency with one k-step of MMA each
+            t_k = 2.0 * bm * bn * bk / p_sm
+            want = clamp(1 + math.ceil(1.5 * lam / t_k), 2, min(MAX_STAGES, cdiv(k, bk) + 1))
+            for pers in forms:
+                # eq. M5': a persistent kernel keeps its stages live during the epilogue, whose layout
+                # conversion scratch then adds to them: split the epilogue into column subtiles (1, 2, 4)
+                # until the wanted stages fit
+                subtile, stages = 1, 0
+                for sub in ((1, 2, 4) if pers else (1,)):
+                    if sub > 1 and bn // sub < 32:
+                        break
+                    budget = int(SMEM_USABLE * target.smem_per_block) - (_epilogue_scratch(bm, bn, sub) if pers else 0)
+                    st = min(want, budget // stage_bytes)
+                    if st > stages:
+                        subtile, stages = sub, st
+                    if st >= want:
+                        break
+                if stages < 2:
+                    continue
+                scratch = _epilogue_scratch(bm, bn, subtile)
+                # eq. M5': shared memory per CTA (the epilogue scratch aliases drained stages in one-tile kernels)
+                smem = stages * stage_bytes + scratch if pers else max(stages * stage_bytes, scratch)
+                # eq. M4': fewer stages than wanted (shared memory) leave part of the latency uncovered
+                rho = 1.0 if stages >= want else min(1.0, (stages - 1) * t_k / lam)
+                t_tile_s = t_tile / rho
+                # eq. M5: resident CTAs per SM
+                ctas = min(target.smem_per_sm // smem, target.regs_per_sm // (32 * w * regs),
+                           target.max_threads_per_sm // (32 * w), target.max_ctas_per_sm)
+                if ctas < 1:
+                    continue
+                programs = min(tiles, target.sm_count * ctas)
+                if pers and tiles < PERSISTENT_MIN_TILES * programs:
+                    continue  # every program would run about one tile: nothing to overlap
+                # eq. M8: DRAM traffic with GROUP_M swizzling
+                active = min(tiles, target.sm_count * ctas)
+                g = clamp(round(math.sqrt(active * bn / bm)), 1, max(1, cdiv(m, bm)))
+                compulsory = batch * (m * k + k * n) * e + batch * m * n * e_out + extra_bytes
+                if batch * (m * k + k * n) * e <= target.l2_bytes // 2:
+                    dram = compulsory
+                else:
+                    per_wave = (g * bm + (active / g) * bn) * k * e
+                    dram = max(compulsory, cdiv(tiles, active) * per_wave + batch * m * n * e_out + extra_bytes)
+                # eq. M8': one SM pulls at most twice its fair share of DRAM bandwidth
+                sms = min(tiles, target.sm_count)
+                t_dram = dram / min(target.mem_bandwidth, sms * SM_BW_SHARE * target.mem_bandwidth / target.sm_count)
+                # eq. M10: per tile, a one-tile CTA waits for its first loads (one latency) and drains its
+                # epilogue; a persistent CTA has the next tile's loads in flight during the epilogue, so it
+                # pays only the epilogue. The other resident CTAs' main loops hide what they can.
+                per_tile = t_epi if pers else lam + t_epi
+                exposed = max(0.0, per_tile - (ctas - 1) * t_tile_s)
+                t_over = cdiv(tiles, target.sm_count) * exposed
+                # eq. M9: the first fill (one latency) is paid once whatever the form
+                t_compute = cdiv(tiles, target.sm_count) * t_tile_s
+                out.append(MatmulEstimate(bm, bn, bk, w, stages, g, ctas, tiles, t_compute, t_l2, t_dram, lam,
+                                          smem, regs, pers, programs if pers else 0, subtile, t_over))
     return out
 
 
 def matmul_schedule(batch: int, m: int, n: int, k: int, dtype: torch.dtype, target: GpuTarget, *,
                     out_bytes: int | None = None, extra_bytes: int = 0, tf32: bool = True,
-                    tma_ok: bool = False) -> MatmulSchedule:
+                    tma_ok: bool = False, persistent: bool | None = None) -> MatmulSchedule:
     """The configurator's matmul choice: the candidate with the least predicted time; within 3%
     of it, the largest tile (more reuse, less traffic), then the fewest warps, then the wider N
-    (a warpgroup's MMA instruction spans all of BLOCK_N)."""
-    cands = matmul_candidates(batch, m, n, k, dtype, target, out_bytes, extra_bytes, tf32)
+    (a warpgroup's MMA instruction spans all of BLOCK_N), then the one-tile form (simpler code).
+    `persistent` forces the form (None: the model decides; a forced form that no candidate has
+    falls back to the other)."""
+    cands = matmul_candidates(batch, m, n, k, dtype, target, out_bytes, extra_bytes, tf32, persistent)
+    if not cands and persistent is not None:
+        cands = matmul_candidates(batch, m, n, k, dtype, target, out_bytes, extra_bytes, tf32, None)
     if not cands:  # tiny shared memory: smallest legal tile
         return MatmulSchedule(16, 16, 16, 1, 4, 2, "pointer", "tf32" if tf32 else "ieee")
     best_t = min(c.time for c in cands)
     near = [c for c in cands if c.time <= best_t * 1.03]
-    c = min(near, key=lambda c: (-(c.block_m * c.block_n), c.num_warps, -c.block_n, c.time))
+    c = min(near, key=lambda c: (-(c.block_m * c.block_n), c.num_warps, -c.block_n, c.persistent, c.time))
     e = itemsize(dtype)
     waves = c.tiles / target.sm_count
     loader = "tma" if tma_ok and target.hopper else "pointer"
     return MatmulSchedule(c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, loader,
-                          "tf32" if tf32 else "ieee", predicted_s=c.time, tiles=c.tiles, waves=waves,
-                          wave_efficiency=c.tiles / (target.sm_count * cdiv(c.tiles, target.sm_count)),
-                          intensity=2.0 * c.block_m * c.block_n / ((c.block_m + c.block_n) * e), bound=c.bound)
+                          "tf32" if tf32 else "ieee", c.programs, c.subtile, predicted_s=c.time, tiles=c.tiles,
+                          waves=waves, wave_efficiency=c.tiles / (target.sm_count * cdiv(c.tiles, target.sm_count)),
+                          intensity=2.0 * c.block_m * c.block_n / ((c.block_m + c.block_n) * e), bound=c.bound,
+                          smem=c.smem, ctas_per_sm=c.ctas_per_sm)
 
 
 # ---------------------------------------------------------------------------- pointwise
@@ -439,22 +500,47 @@ class AttentionSchedule:
 
 
 ATTN_REGS = 96  # float32 registers per thread for the output accumulator and the score tile (eq. A2)
+ATTN_REGS_HOPPER = 128  # eq. A2': one warpgroup's wgmma tiles (m64) hold more per thread on Hopper
+
+
+def attention_excluded(block_m: int, block_n: int, num_warps: int, target: GpuTarget) -> bool:
+    """The configs Triton's fused-attention tutorial drops on Hopper (its `keep`): eight warps on a
+    tile smaller than 128 x 128 (two warpgroups then split too little work per wgmma)."""
+    return target.hopper and block_m * block_n < 128 * 128 and num_warps == 8
 
 
 def attention_schedule(batch_heads: int, q_len: int, kv_len: int, d: int, dv: int, dtype: torch.dtype,
                        target: GpuTarget, tf32: bool = True) -> AttentionSchedule:
     """eq. A1-A3: BLOCK_M query rows per program (128, fewer when that leaves SMs idle), BLOCK_N
     keys per step, warps from the register footprint of the accumulator and the score tile,
-    stages from shared memory."""
+    stages from shared memory; never a config of `attention_excluded`."""
     e = itemsize(dtype)
     bd, bdv = max(16, pow2_ceil(d)), max(16, pow2_ceil(dv))
     bm = clamp(128, 16, max(16, pow2_ceil(q_len)))
     while bm > 64 and batch_heads * cdiv(q_len, bm) < target.sm_count:  # eq. A1
         bm //= 2
-    bn = clamp(64 if max(bd, bdv) <= 128 else 32, 16, max(16, pow2_ceil(kv_len)))
-    w = 4
-    while (bm * bdv + bm * bn) // (32 * w) > ATTN_REGS and w < 8:  # eq. A2: acc + scores <= 96 regs/thread
-        w *= 2
+    kv_cap = max(16, pow2_ceil(kv_len))
+    bn = clamp(64 if max(bd, bdv) <= 128 else 32, 16, kv_cap)
+
+    def regs(bm_: int, bn_: int, w_: int) -> float:
+        return (bm_ * bdv + bm_ * bn_) / (32 * w_)
+
+    if target.hopper:
+        # eq. A2': four warps while acc + scores fit 128 registers per thread; else eight warps on a
+        # 128 x 128 tile (BLOCK_N raised to 128 keys), the smallest 8-warp tile the tutorial keeps
+        w = 4
+        if regs(bm, bn, 4) > ATTN_REGS_HOPPER:
+            if bm * 128 >= 128 * 128 and kv_cap >= 128 and regs(bm, 128, 8) <= ATTN_REGS_HOPPER:
+                bn, w = 128, 8
+            else:  # wide heads: fewer keys per step, then fewer query rows
+                while bn > 32 and regs(bm, bn, 4) > ATTN_REGS_HOPPER:
+                    bn //= 2
+                while bm > 64 and regs(bm, bn, 4) > ATTN_REGS_HOPPER:
+                    bm //= 2
+    else:
+        w = 4
+        while regs(bm, bn, w) > ATTN_REGS and w < 8:  # eq. A2: acc + scores <= 96 regs/thread
+            w *= 2
     q_bytes = bm * bd * e
     stage = bn * (bd + bdv) * e
     stages = clamp((target.smem_per_block - q_bytes) // max(stage, 1), 1, 3)  # eq. A3

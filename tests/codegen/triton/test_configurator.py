@@ -1,6 +1,8 @@
 """The analytical configurator (schedule/gpu.py) on a table of shapes: the choices fit shared
 memory and registers, follow the equations of docs/gpu-backend.md, account for wave
-quantization over the SMs, and are deterministic. Run with -s to see the table."""
+quantization over the SMs, pipeline fill and epilogue (persistent kernels where they are
+exposed), avoid the attention configs Triton's tutorial excludes on Hopper, and are
+deterministic. Run with -s to see the table (docs/gpu-backend.md prints it)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from novaforge.schedule.gpu import (
     ACC_REGS_MAX,
     KNOWN_GPUS,
+    attention_excluded,
     attention_schedule,
     cdiv,
     itemsize,
@@ -31,13 +34,21 @@ MATMULS = [  # (name, M, N, K)
     ("gpt42m head", 16384, 32000, 512),
     ("gpt2 qkv", 16384, 2304, 768), ("gpt2 fc", 16384, 3072, 768), ("gpt2 proj", 16384, 768, 3072),
     ("llama gate", 16384, 2048, 768), ("odd small", 37, 45, 29), ("skinny", 8, 4096, 4096),
+    ("gpt42m head dX", 16384, 512, 32000), ("gpt42m head dW", 32000, 512, 16384),
 ]
+K512 = [row for row in MATMULS if row[3] == 512]
 
 
 def _check_fits(s, m, n, k, dtype, target):
     e = itemsize(dtype)
-    smem = s.num_stages * (s.block_m * s.block_k + s.block_k * s.block_n) * e
-    assert smem <= target.smem_per_block, (s, smem)
+    stages = s.num_stages * (s.block_m * s.block_k + s.block_k * s.block_n) * e
+    scratch = s.block_m * (s.block_n // s.subtile) * 4  # epilogue layout conversion (eq. M5')
+    assert s.smem == (stages + scratch if s.persistent else max(stages, scratch)), s
+    assert s.smem <= target.smem_per_block, s
+    assert s.ctas_per_sm == min(target.smem_per_sm // s.smem, target.regs_per_sm // (32 * s.num_warps * (
+        s.block_m * s.block_n // (32 * s.num_warps) + 40)), target.max_threads_per_sm // (32 * s.num_warps), 32)
+    if s.persistent:
+        assert s.programs == min(s.tiles, target.sm_count * s.ctas_per_sm) and s.tiles >= 2 * s.programs
     assert s.block_m * s.block_n // (32 * s.num_warps) <= ACC_REGS_MAX
     assert s.num_stages >= 2 and s.num_warps in (4, 8)
     assert s.block_k == min(128 // e, max(16, 1 << (k - 1).bit_length()))  # eq. M2: 128-byte K rows
@@ -59,12 +70,14 @@ def test_matmul_table(target, capsys):
             assert s.predicted_s >= floor * 0.999  # never faster than the roofline
             cands = matmul_candidates(1, m, n, k, dtype, target)
             assert s.predicted_s <= min(c.time for c in cands) * 1.03  # the model's best (within the tie band)
+            form = f"persistent {s.programs}, {s.subtile} subtiles" if s.persistent else "one tile"
             rows.append(f"| {target.name} | {name} | {m}x{n}x{k} | {kind} | {s.block_m}x{s.block_n}x{s.block_k} | "
-                        f"{s.group_m} | {s.num_warps} | {s.num_stages} | {s.tiles} | {s.wave_efficiency:.2f} | "
-                        f"{s.bound} | {flops / s.predicted_s / 1e12:.0f} |")
+                        f"{s.group_m} | {s.num_warps} | {s.num_stages} | {form} | {s.smem // 1024} KiB x "
+                        f"{s.ctas_per_sm} | {s.tiles} | {s.wave_efficiency:.2f} | {s.bound} | "
+                        f"{flops / s.predicted_s / 1e12:.0f} |")
     with capsys.disabled():
-        print("\n| target | shape | MxNxK | math | tile | GROUP_M | warps | stages | tiles | wave eff | bound "
-              "| predicted TFLOP/s |")
+        print("\n| target | shape | MxNxK | math | tile | GROUP_M | warps | stages | form | smem x CTAs/SM | tiles "
+              "| wave eff | bound | predicted TFLOP/s |")
         print("\n".join(rows))
 
 
@@ -82,12 +95,32 @@ def test_wave_quantization_decides_the_tile():
 
 
 def test_large_matmuls_are_predicted_compute_bound_near_peak():
-    for _, m, n, k in MATMULS[2:8]:
+    for _, m, n, k in [row for row in MATMULS[:8] if row[3] >= 2048] + MATMULS[-2:]:
         for dtype, kind in ((torch.float32, "tf32"), (torch.bfloat16, "bf16")):
             s = matmul_schedule(1, m, n, k, dtype, H200)
-            assert s.bound == "compute"
+            assert s.bound == "compute", (m, n, k, s)
             assert 2.0 * m * n * k / s.predicted_s >= 0.85 * H200.peak(kind)
             assert s.block_m * s.block_n >= 128 * 128  # large tiles: high per-tile intensity
+
+
+def test_short_k_matmuls_go_persistent():
+    """K = 512 (the GPT-42M projections and LM head): a 128x256 one-tile CTA fills 144 KiB of shared
+    memory (one per SM), so every tile's fill and epilogue are exposed (eq. M10); the persistent
+    form hides the fill behind the previous tile's epilogue and wins by more than the tie band."""
+    for _, m, n, k in K512:
+        for dtype in (torch.float32, torch.bfloat16):
+            s = matmul_schedule(1, m, n, k, dtype, H200)
+            one = matmul_schedule(1, m, n, k, dtype, H200, persistent=False)
+            assert s.persistent and not one.persistent
+            assert s.predicted_s < one.predicted_s / 1.03
+            assert one.ctas_per_sm == 1 and (one.block_m, one.block_n) == (128, 256)
+            assert s.programs == H200.sm_count and s.subtile > 1  # epilogue subtiles make room for the stages
+            assert s.num_stages >= one.num_stages
+    # long K: the exposed per-tile overhead is small, the one-tile form stays (within the tie band)
+    assert not matmul_schedule(1, 8192, 8192, 8192, torch.bfloat16, H200).persistent
+    # too few tiles for every program to loop: no persistent candidate, the forced form falls back
+    assert not matmul_schedule(1, 37, 45, 29, torch.float32, H200, persistent=True).persistent
+    assert not matmul_candidates(1, 37, 45, 29, torch.float32, H200, persistent=True)
 
 
 def test_tma_loader_only_on_hopper():
@@ -133,13 +166,29 @@ def test_reduction_single_pass_vs_looped(capsys):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_attention_schedule(d, dtype):
-    s = attention_schedule(16 * 12, 1024, 1024, d, d, dtype, H200)
+@pytest.mark.parametrize("target", [H200, A100], ids=["H200", "A100"])
+def test_attention_schedule(d, dtype, target):
+    s = attention_schedule(16 * 12, 1024, 1024, d, d, dtype, target)
     e = itemsize(dtype)
     assert s.block_m == 128 and s.block_d == d
-    assert (s.block_m * s.block_dv + s.block_m * s.block_n) // (32 * s.num_warps) <= 96  # eq. A2
-    assert s.block_m * s.block_d * e + s.num_stages * s.block_n * (s.block_d + s.block_dv) * e <= H200.smem_per_block
-    small = attention_schedule(2, 1024, 1024, d, d, dtype, H200)  # few heads: smaller query blocks (eq. A1)
+    cap = 128 if target.hopper else 96  # eq. A2 / A2'
+    assert (s.block_m * s.block_dv + s.block_m * s.block_n) // (32 * s.num_warps) <= cap
+    assert not attention_excluded(s.block_m, s.block_n, s.num_warps, target)
+    assert s.block_m * s.block_d * e + s.num_stages * s.block_n * (s.block_d + s.block_dv) * e <= target.smem_per_block
+    small = attention_schedule(2, 1024, 1024, d, d, dtype, target)  # few heads: smaller query blocks (eq. A1)
     assert small.block_m < s.block_m
-    tiny = attention_schedule(4, 19, 19, 16, 16, dtype, H200)
+    assert not attention_excluded(small.block_m, small.block_n, small.num_warps, target)
+    tiny = attention_schedule(4, 19, 19, 16, 16, dtype, target)
     assert tiny.block_m == 32 and tiny.block_n == 32 and math.log2(tiny.block_d).is_integer()
+
+
+def test_attention_avoids_the_tutorials_excluded_hopper_configs():
+    # GPT-2 / Llama heads (d = 64): 128 x 64 on 4 warps on Hopper (was 8 warps: excluded there)
+    s = attention_schedule(16 * 12, 1024, 1024, 64, 64, torch.bfloat16, H200)
+    assert (s.block_m, s.block_n, s.num_warps) == (128, 64, 4)
+    assert attention_excluded(128, 64, 8, H200) and not attention_excluded(128, 64, 8, A100)
+    wide = attention_schedule(16 * 12, 1024, 1024, 128, 128, torch.bfloat16, H200)
+    assert (wide.block_m, wide.block_n, wide.num_warps) == (128, 128, 8)
+    for bh, length, d in [(1, 4096, 256), (8, 77, 80), (192, 1024, 32)]:
+        t = attention_schedule(bh, length, length, d, d, torch.bfloat16, H200)
+        assert not attention_excluded(t.block_m, t.block_n, t.num_warps, H200), t

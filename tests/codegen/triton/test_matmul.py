@@ -94,3 +94,60 @@ def test_matmul_output_and_cast_epilogue_outputs():
 def test_empty_k_and_empty_output():
     check(torch.matmul, torch.randn(5, 0), torch.randn(0, 7), options={"tf32": False})
     check(torch.matmul, torch.randn(0, 4), torch.randn(4, 7), options={"tf32": False}, all_triton=False)
+
+
+@pytest.mark.parametrize("loader", ["pointer", "tma"])
+@pytest.mark.parametrize("subtile", [1, 2, 4])
+def test_persistent_matmul_with_epilogue_subtiles(loader, subtile):
+    """A persistent grid of 3 programs walks the 4 tiles of a [27, 40] @ [40, 72] GEMM (the batch
+    folded into rows; 16x64 tiles, edges masked); the epilogue (bias, GELU, residual) runs once
+    per column subtile."""
+    w, bias = torch.randn(72, 40), torch.randn(72)
+
+    def f(x, r):
+        return F.gelu(F.linear(x, w, bias), approximate="tanh") + r
+
+    x, r = torch.randn(3, 9, 40), torch.randn(3, 9, 72)
+    opts = {"tf32": False, "matmul_loader": loader, "matmul_persistent": "on", "matmul_tile": (16, 64),
+            "matmul_programs": 3, "matmul_subtile": subtile}
+    c = check(f, x, r, atol=1e-4, rtol=1e-4, options=opts)
+    (k,) = c.stats().program.kernels
+    assert k.grid == (3, 1) and k.schedule.persistent and k.schedule.subtile == subtile
+    assert "tl.range(tl.program_id(0)" in k.source and k.source.count("tl.split(") == subtile - 1
+    assert k.uses_tma == (loader == "tma")
+
+
+def test_persistent_batched_matmul():
+    a, b = torch.randn(3, 37, 29), torch.randn(3, 29, 45)
+    opts = {"tf32": False, "matmul_persistent": "on", "matmul_programs": 4, "matmul_tile": (32, 32),
+            "matmul_subtile": 2}
+    c = check(torch.bmm, a, b, atol=1e-4, rtol=1e-4, options=opts)
+    (k,) = c.stats().program.kernels
+    assert k.grid == (4, 1) and "pid_b = tile // 4" in k.source  # 2 x 2 tiles per batch
+
+
+def test_tf32_constant_row_major_weight_is_read_k_major():
+    """TF32 wgmma reads B only K-major: a frozen [K, N] weight (GPT-2's Conv1D) is read from a copy
+    transposed once at build; 16-bit weights, nn.Linear weights ([N, K]) and non-frozen
+    parameters are read in place."""
+    w = torch.randn(40, 24)
+    x = torch.randn(7, 40)
+    c = compiled(lambda x: x @ w + 1.0, freeze=True)
+    got = c(x)
+    assert rel_err(got, x.double() @ w.double() + 1.0) < 5e-4
+    info = c.stats().program.info()
+    assert info["transposed_weights"] == {"count": 1, "bytes": w.numel() * 4}
+    src = c.stats().program.kernels[0].source
+    assert "(rk * 1)[:, None] + (rbn * 40)[None, :]" in src  # B element (k, n) at n * K + k
+    lin = torch.nn.Linear(40, 24)
+    with torch.no_grad():
+        c2 = compiled(lin, freeze=True)
+        torch.testing.assert_close(c2(x), lin(x), atol=1e-2, rtol=1e-2)
+    assert "transposed_weights" not in c2.stats().program.info()
+    wb = w.to(torch.bfloat16)
+    c3 = compiled(lambda x: x @ wb, freeze=True)
+    c3(x.to(torch.bfloat16))
+    assert "transposed_weights" not in c3.stats().program.info()
+    ieee = compiled(lambda x: x @ w, freeze=True, tf32=False)
+    ieee(x)
+    assert "transposed_weights" not in ieee.stats().program.info()

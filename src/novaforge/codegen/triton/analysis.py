@@ -2,7 +2,8 @@
 
 Invariant: `analyze(kernel)` either returns a `BodyInfo` in which
 * every leaf value (a body input or a generator, seen through its chain of views) has a `Leaf`:
-  its strided layout over the source buffer (inputs are contiguous buffers of their IR type);
+  its strided layout over the source buffer (inputs are contiguous buffers of their IR type,
+  or, when the backend pre-transposed a constant weight, of its last-two-dims transpose);
 * every computed value (elementwise op, reduction, anchor) broadcasts to the kernel space
   (pointwise: the output shape; reduction: the reduced input shape; matmul/attention: the
   anchor's output shape), and every elementwise op has a Triton rendering;
@@ -146,7 +147,19 @@ def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
     return off >= 0 and all(s in (1, space[off + i]) for i, s in enumerate(shape))
 
 
-def analyze(kernel: Kernel) -> BodyInfo:
+def transposed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a buffer of logical shape [..., K, N] stored as its last-two-dims transpose
+    [..., N, K], contiguous (a pre-transposed weight: element (k, n) at n * K + k)."""
+    if len(shape) < 2:
+        raise Unsupported("a transposed input needs two dims")
+    swapped = shape[:-2] + (shape[-1], shape[-2])
+    st = Strided.contiguous(swapped).strides
+    return st[:-2] + (st[-1], st[-2])
+
+
+def analyze(kernel: Kernel, transposed: frozenset[int] = frozenset()) -> BodyInfo:
+    """The body's analysis; body inputs are contiguous buffers of their IR types, except those
+    in `transposed`, stored as the transpose of their last two dims (`transposed_strides`)."""
     body = kernel.body
     if kernel.kind not in ("pointwise", "reduction", "matmul", "attention", "single"):
         raise Unsupported(f"{kernel.kind} kernels run through torch")
@@ -159,7 +172,8 @@ def analyze(kernel: Kernel) -> BodyInfo:
     permuted_stores: dict[Value, tuple[Value, tuple[int, ...]]] = {}
     for i, gi in enumerate(body.inputs):
         t = gi.value.type
-        leaves[gi.value] = Leaf(i, Strided.contiguous(t.shape), t.dtype)
+        base = Strided(t.shape, transposed_strides(t.shape)) if i in transposed else Strided.contiguous(t.shape)
+        leaves[gi.value] = Leaf(i, base, t.dtype)
     for n in body.nodes:
         for o in n.outputs:
             producer[o] = n

@@ -17,8 +17,21 @@ tensor cores), cuda_graphs (True: capture and replay static-shape programs), mat
 operands allow it), dump_dir (copy generated sources there; also $NOVAFORGE_DEBUG),
 max_reduction_block (tests: cap a reduction's column block, forcing the looped form),
 parallel_compile (True: compile all new kernels of a program at build time in compile_threads
-threads, instead of one by one at their first launch), matmul_executor ("triton", or "torch" to run
-matmul kernels as torch.matmul (cuBLAS) plus unfused epilogue ops: a comparison point).
+threads; False: one thread), matmul_executor ("triton", or "torch" to run matmul kernels as
+torch.matmul (cuBLAS) plus unfused epilogue ops: a comparison point), matmul_persistent ("auto": the
+configurator decides; "on"/"off" force the form where it exists), and test knobs matmul_tile,
+matmul_programs, matmul_subtile (force the tile, a persistent grid size and epilogue subtiles).
+
+On a GPU, every new kernel is compiled *and loaded* at build (`_precompile`): loading is where
+Triton raises OutOfResources (shared memory, threads), so a kernel that compiles but cannot run
+falls back to torch with its reason instead of failing at its first launch; each loaded kernel's
+shared memory, registers and spills are kept on its step (`TritonProgram.info()`).
+
+Weight layout for TF32: Hopper's wgmma reads float32 operands only K-major from shared memory,
+so a row-major B ([K, N], N contiguous) would be transposed through registers. A float32 matmul
+on TF32 whose B is such a *constant* (a frozen weight, e.g. GPT-2's Conv1D [in, out]) reads a
+copy transposed once at build ([N, K] contiguous, made once per constant and program); nn.Linear
+weights ([N, K]) are K-major already. 16-bit operands have no such restriction (no copy).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 import warnings
 from typing import Any
 
@@ -58,7 +72,7 @@ class TritonBackend:
 
     def __init__(self) -> None:
         self._target: sched_gpu.GpuTarget | None = None
-        self._infos: dict[str, BodyInfo | None] = {}
+        self._infos: dict[tuple[str, frozenset[int]], BodyInfo | None] = {}
         self.reasons: dict[str, str] = {}  # structural key -> why the kernel runs through torch
         self._kernels: dict[tuple, tuple[KernelSource, Any]] = {}
         self.compiled = 0  # kernels rendered and loaded (cache misses)
@@ -75,15 +89,21 @@ class TritonBackend:
     def executor_for(self, kernel: Kernel) -> str:
         return "triton" if self.info(kernel) is not None else "torch"
 
-    def info(self, kernel: Kernel) -> BodyInfo | None:
-        key = kernel.structural_key
+    def info(self, kernel: Kernel, transposed: frozenset[int] = frozenset()) -> BodyInfo | None:
+        """The body analysis (None: the kernel runs through torch, `reasons` says why);
+        `transposed`: body inputs stored as the transpose of their last two dims."""
+        key = (kernel.structural_key, transposed)
         if key not in self._infos:
             try:
-                self._infos[key] = analyze(kernel)
+                self._infos[key] = analyze(kernel, transposed)
             except Unsupported as e:
                 self._infos[key] = None
-                self.reasons[key] = f"{kernel.name}: {e}"
+                if not transposed:
+                    self.reasons[kernel.structural_key] = f"{kernel.name}: {e}"
         return self._infos[key]
+
+    def reason(self, kernel: Kernel) -> str:
+        return self.reasons.get(kernel.structural_key, "")
 
     # -- schedules ----------------------------------------------------------------------------
     def schedule(self, info: BodyInfo, target: sched_gpu.GpuTarget, options: dict[str, Any]) -> Any:
@@ -113,10 +133,20 @@ class TritonBackend:
             tma_ok = lay.tma_operands() is not None and (choice == "tma" or (choice == "auto" and target.hopper
                                                                                  and not target.interpret))
             extra = sum(t.nbytes for t in info.inputs) - _operand_bytes(info, lay)  # epilogue reads
+            form = {"auto": None, "on": True, "off": False, True: True, False: False, None: None}[
+                options.get("matmul_persistent", "auto")]
             s = sched_gpu.matmul_schedule(lay.batch, lay.rows, lay.n, lay.k, lay.dtype, target, tf32=tf32,
-                                          tma_ok=tma_ok, extra_bytes=max(0, extra))
+                                          tma_ok=tma_ok, extra_bytes=max(0, extra), persistent=form)
             if choice == "tma" and tma_ok and s.loader != "tma":
                 s = dataclasses.replace(s, loader="tma")
+            if options.get("matmul_tile"):  # a test knob: force (BLOCK_M, BLOCK_N)
+                bm, bn = options["matmul_tile"]
+                s = dataclasses.replace(s, block_m=bm, block_n=bn, group_m=1, num_warps=4, num_stages=2)
+            if options.get("matmul_programs"):  # a test knob: a persistent grid of this many programs
+                tiles = lay.batch * sched_gpu.cdiv(lay.rows, s.block_m) * sched_gpu.cdiv(lay.n, s.block_n)
+                sub = int(options.get("matmul_subtile", s.subtile))
+                s = dataclasses.replace(s, programs=max(1, min(int(options["matmul_programs"]), tiles)),
+                                        subtile=sub if s.block_n // sub >= 16 else 1)
             return s
         a = info.anchor
         q, k, v = a.inputs[:3]
@@ -125,8 +155,8 @@ class TritonBackend:
                                             v.type.shape[-1], q.type.dtype, target, tf32=tf32)
 
     # -- render / compile ---------------------------------------------------------------------
-    def render(self, kernel: Kernel, schedule: Any) -> KernelSource:
-        info = self.info(kernel)
+    def render(self, kernel: Kernel, schedule: Any, transposed: frozenset[int] = frozenset()) -> KernelSource:
+        info = self.info(kernel, transposed)
         if info is None:
             raise Unsupported(self.reasons.get(kernel.structural_key, kernel.name))
         if info.kind == "pointwise":
@@ -143,21 +173,22 @@ class TritonBackend:
         return loader.load_kernel(source.source, interpret)
 
     def kernel_for(self, kernel: Kernel, target: sched_gpu.GpuTarget, options: dict[str, Any],
-                   interpret: bool) -> tuple[KernelSource, Any]:
-        info = self.info(kernel)
+                   interpret: bool, transposed: frozenset[int] = frozenset()) -> tuple[KernelSource, Any]:
+        info = self.info(kernel, transposed)
         assert info is not None
         schedule = self.schedule(info, target, options)
-        key = (kernel.structural_key, schedule.key(), target.key(), interpret)
+        key = (kernel.structural_key, tuple(sorted(transposed)), schedule.key(), target.key(), interpret)
         hit = self._kernels.get(key)
         if hit is None:
-            src = self.render(kernel, schedule)
+            src = self.render(kernel, schedule, transposed)
             hit = (src, self.compile(src, interpret))
             self._kernels[key] = hit
             self.compiled += 1
         return hit
 
     def _fall_back(self, prog: TritonProgram, failed: dict[int, str]) -> None:
-        """Kernels Triton could not compile run through torch (correct, slower), with a warning."""
+        """Kernels Triton could not compile or load run through torch (correct, slower), with a
+        warning and the reason on the step."""
         for st in prog.steps:
             if st.kind == "triton" and id(st.node) in failed:
                 msg = failed[id(st.node)]
@@ -165,6 +196,25 @@ class TritonBackend:
                               stacklevel=4)
                 self.reasons[f"compile failed: {st.title}"] = msg
                 st.kind, st.launch, st.node, st.source = "torch", None, None, None
+                st.reason = f"compile failed: {msg}"
+
+    def _k_major_weight(self, kernel: Kernel, inputs: list, consts: set, tf32: bool) -> frozenset[int]:
+        """{i}: read body input i (a constant, B of a float32 matmul on TF32, stored row-major [K, N])
+        from a copy transposed at build, so that B is K-major; else the empty set."""
+        info = self.info(kernel)
+        if info is None or info.kind != "matmul" or not tf32:
+            return frozenset()
+        lay = MatmulLayout(info)
+        i = lay.lb.source
+        if lay.dtype != torch.float32 or i is None or i == lay.la.source or inputs[i] not in consts:
+            return frozenset()
+        if lay.b_sn != 1 or lay.b_sk == 1 or inputs[i].type.rank < 2 or lay.n < 2:
+            return frozenset()
+        if any(v is inputs[i] for j, v in enumerate(inputs) if j != i):
+            return frozenset()
+        t = frozenset({i})
+        alt = self.info(kernel, t)
+        return t if alt is not None and MatmulLayout(alt).b_sk == 1 else frozenset()
 
     # -- build --------------------------------------------------------------------------------
     def build(self, graph: Graph, options: dict[str, Any]) -> TritonProgram:
@@ -180,6 +230,8 @@ class TritonBackend:
         dump = loader.dump_dir(options)
         uses_tma = False
         warm: dict[int, tuple[Any, KernelSource, list[torch.dtype]]] = {}
+        consts = {gi.value for gi in graph.inputs if gi.kind == "const"}
+        tf32 = bool(options.get("tf32", True))
         for n in graph.nodes:
             if n.op != "kernel":
                 if not OPS[n.op].has("view"):
@@ -192,24 +244,32 @@ class TritonBackend:
             args = [prog.slot(v) for v in n.inputs]
             outs = [prog.slot(v) for v in n.outputs]
             library = k.kind == "matmul" and options.get("matmul_executor", "triton") == "torch"
+            pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
             if self.info(k) is not None and not library and all(v.type.numel > 0 for v in n.outputs):
-                src, fn = self.kernel_for(k, target, options, interpret)
+                transposed = self._k_major_weight(k, n.inputs, consts, tf32)
+                if transposed:
+                    (i,) = transposed
+                    args[i] = prog.transposed_const(args[i])
+                src, fn = self.kernel_for(k, target, options, interpret, transposed)
                 warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
                 uses_tma |= src.uses_tma
                 if dump is not None:
                     loader.dump_source(dump, k.name, src.source)
-                pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
                 prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret), body=k.body,
                                    preallocated=pre, node=fn, source=src))
             elif all(v.type.numel == 0 for v in n.outputs):
                 continue  # nothing to write: empty outputs are allocated and stay empty
             else:
-                pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
-                prog.add_step(Step("torch", k.name, args, outs, body=k.body, preallocated=pre))
+                why = "matmul_executor='torch'" if library else (self.reason(k) or "not generated")
+                prog.add_step(Step("torch", k.name, args, outs, body=k.body, preallocated=pre, reason=why))
         if uses_tma:
             _install_tma_allocator(device)
-        if not interpret and options.get("parallel_compile", True):
-            failed = _precompile(warm, options)
+        if not interpret:
+            failed, resources, note = _precompile(warm, options)
+            prog.notes["precompile"] = note
+            for st in prog.steps:
+                if st.kind == "triton" and id(st.node) in resources:
+                    st.resources = resources[id(st.node)]
             if failed:
                 self._fall_back(prog, failed)
         if dump is not None:
@@ -247,31 +307,78 @@ def _launcher(fn: Any, src: KernelSource, interpret: bool):
 
 
 def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
-                options: dict[str, Any]) -> dict[int, str]:
+                options: dict[str, Any]) -> tuple[dict[int, str], dict[int, dict[str, Any]], dict[str, Any]]:
     """Compile every new kernel of the program now, in parallel threads (Triton's compiler
-    releases the GIL in its passes and runs ptxas as a subprocess); the first call then only
-    launches. Returns {id(fn): error} for kernels that failed to compile. If this Triton lacks the
-    hook (or it misbehaves), kernels compile lazily at their first launch instead."""
+    releases the GIL in its passes and runs ptxas as a subprocess), then load each binary
+    (`CompiledKernel._init_handles`, what the first launch would do: it raises OutOfResources when
+    the kernel needs more shared memory or threads than the device has). The first call then only
+    launches. Returns ({id(fn): error} for kernels that failed to compile or load, {id(fn):
+    resources} for loaded ones, a note of what ran). If this Triton lacks the hook (or it
+    misbehaves), kernels compile lazily at their first launch instead."""
     failed: dict[int, str] = {}
+    resources: dict[int, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
+    if not options.get("parallel_compile", True):
+        workers = 1
+    note: dict[str, Any] = {"ran": False, "kernels": len(kernels), "threads": workers}
     try:
         from concurrent.futures import ThreadPoolExecutor
 
         from triton.runtime._async_compile import AsyncCompileMode
 
-        workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
         futures = {}
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
             for key, (fn, src, dtypes) in kernels.items():
                 futures[key] = (fn.warmup(*dtypes, grid=src.grid, UPCAST=False, num_warps=src.num_warps,
                                           num_stages=src.num_stages), src)
-        for key, (fut, src) in futures.items():
-            inner = getattr(fut, "future", None)
-            if getattr(fut, "kernel", True) is None and inner is not None and inner.exception() is not None:
-                failed[key] = f"{src.title}: {type(inner.exception()).__name__}: {inner.exception()}"
     except Exception as e:  # the private hook changed: compile at first launch
         warnings.warn(f"novaforge: parallel Triton compile unavailable ({type(e).__name__}: {e})", stacklevel=3)
-        return {}
-    return failed
+        note["error"] = f"{type(e).__name__}: {e}"
+        return {}, {}, note
+    for key, (fut, src) in futures.items():
+        compiled, error = _compiled_of(fut)
+        if error is None:
+            res, error = kernel_resources(compiled)
+            resources[key] = res
+        if error is not None:
+            failed[key] = f"{src.title}: {error}"
+    note.update(ran=True, failed=len(failed), seconds=round(time.perf_counter() - t0, 3))
+    return failed, resources, note
+
+
+def _compiled_of(fut: Any) -> tuple[Any, str | None]:
+    """The CompiledKernel behind what `warmup` returned (a FutureKernel under AsyncCompileMode),
+    or the compile error."""
+    inner = getattr(fut, "future", None)
+    if inner is None:  # compiled synchronously
+        return fut, None
+    if getattr(fut, "kernel", None) is None:
+        exc = inner.exception() if inner.done() else None
+        if exc is not None:
+            return None, f"{type(exc).__name__}: {exc}"
+        try:
+            return fut.result(), None
+        except Exception as e:
+            return None, f"{type(e).__name__}: {e}"
+    return fut.kernel, None
+
+
+def kernel_resources(compiled: Any) -> tuple[dict[str, Any], str | None]:
+    """Load a compiled kernel's binary on the current device (as its first launch would) and read
+    its resources: shared memory bytes (metadata.shared), registers per thread and spills. Returns
+    (resources, None) or (what is known, the error: OutOfResources, a driver error)."""
+    error = None
+    try:
+        init = getattr(compiled, "_init_handles", None)
+        if init is not None:
+            init()
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    md = getattr(compiled, "metadata", None)
+    res = {"shared": getattr(md, "shared", None), "n_regs": getattr(compiled, "n_regs", None),
+           "n_spills": getattr(compiled, "n_spills", None)}
+    return res, error
 
 
 _allocator_installed = False

@@ -67,6 +67,16 @@ class BodyEmitter:
             self.indent -= 1
             self.names, self.deps = saved_names, saved_deps
 
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Statements at the same indentation whose names are forgotten after (one epilogue
+        subtile: its loads and values are re-emitted for the next one)."""
+        saved_names, saved_deps = dict(self.names), dict(self.deps)
+        try:
+            yield
+        finally:
+            self.names, self.deps = saved_names, saved_deps
+
     def preset(self, v: Value, name: str, deps: Iterable[str]) -> None:
         self.names[v] = name
         self.deps[v] = frozenset(deps)

@@ -10,7 +10,9 @@ kernel. On CUDA a program whose options allow it is captured as a CUDA graph on 
 and replayed afterwards: user inputs are copied into static buffers, parameters must keep their
 addresses (else the graph is recaptured), and outputs are returned as clones of the graph's
 static outputs. A capture failure disables graphs for the program (with a warning), never
-the program.
+the program. `info()` says what ran: the launcher, graph captures and replays, each generated
+kernel's schedule and binary resources (shared memory, registers, spills, read when the kernel
+was loaded at build), and each step that runs through torch with its reason.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Step:
     node: Any = None  # view: the IR node; triton: the JIT function
     preallocated: list[bool] = field(default_factory=list)  # torch: does the out slot hold a buffer to fill
     source: Any = None  # triton: the KernelSource
+    reason: str = ""  # torch: why this kernel is not generated (or why its generated code was dropped)
+    resources: dict[str, Any] = field(default_factory=dict)  # triton on a GPU: shared, n_regs, n_spills
 
 
 class TritonProgram:
@@ -57,6 +61,7 @@ class TritonProgram:
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_runner: _CudaGraphRunner | None = None
         self.calls = 0
+        self.notes: dict[str, Any] = {}  # build facts for info(): precompile, pre-transposed weights
 
     # -- construction (used by the backend) --------------------------------------------------
     def slot(self, v: Value) -> int:
@@ -79,6 +84,21 @@ class TritonProgram:
             else:
                 self.input_slots.append(s)
                 self.input_kinds.append(gi.kind)
+
+    def transposed_const(self, slot: int) -> int:
+        """A slot holding the constant in `slot` stored as the transpose of its last two dims
+        ([..., K, N] -> [..., N, K] contiguous), made once per constant (a K-major weight copy)."""
+        cache = self.notes.setdefault("_transposed", {})
+        if slot not in cache:
+            t = self.template[slot]
+            new = self.n_slots
+            self.n_slots += 1
+            self.template.append(t.transpose(-1, -2).contiguous())
+            cache[slot] = new
+            w = self.notes.setdefault("transposed_weights", {"count": 0, "bytes": 0})
+            w["count"] += 1
+            w["bytes"] += t.numel() * t.element_size()
+        return cache[slot]
 
     def allocate(self, plan: Any) -> None:
         """Arena views for planned buffers; fresh (per call) outputs for everything else."""
@@ -142,6 +162,26 @@ class TritonProgram:
         g = self.graph
         return [env[self.slot_of[v]] for v in g.outputs] + [env[self.slot_of[new]] for _, new in g.mutations]
 
+    def info(self) -> dict[str, Any]:
+        """What this program runs and what ran (for reports, gpu_check and tests)."""
+        r = self._graph_runner
+        kernels = []
+        for st in self.steps:
+            if st.kind == "triton":
+                k = st.source
+                kernels.append({"title": st.title, "kind": k.kind, "grid": list(k.grid), "num_warps": k.num_warps,
+                                "num_stages": k.num_stages, "schedule": k.schedule.key(), **st.resources})
+        return {
+            "device": str(self.device),
+            "launcher": "interpreter" if self.interpret_mode else "gpu",
+            "calls": self.calls,
+            "cuda_graphs": {"enabled": self.use_graphs, "captures": r.captures if r else 0,
+                            "replays": r.replays if r else 0, "failed": r.failed if r else False},
+            "kernels": kernels,
+            "fallbacks": [{"title": st.title, "reason": st.reason} for st in self.steps if st.kind == "torch"],
+            **{k: v for k, v in self.notes.items() if not k.startswith("_")},
+        }
+
     def describe(self) -> str:
         """One line per step: what runs, on which executor (the program's listing for dumps)."""
         lines = [f"# triton program on {self.device}: {len(self.steps)} steps, arena "
@@ -150,24 +190,57 @@ class TritonProgram:
         for st in self.steps:
             if st.kind == "triton":
                 k = st.source
+                res = " ".join(f"{a}={b}" for a, b in st.resources.items())
                 lines.append(f"{st.title:32s} triton {k.kind:10s} grid={k.grid} warps={k.num_warps} "
-                             f"stages={k.num_stages} {k.schedule.key()}")
+                             f"stages={k.num_stages} {k.schedule.key()}" + (f" {res}" if res else ""))
+            elif st.kind == "torch":
+                lines.append(f"{st.title:32s} torch  ({st.reason})" if st.reason else f"{st.title:32s} torch")
             else:
                 lines.append(f"{st.title:32s} {st.kind}")
         return "\n".join(lines)
 
 
+class TorchCuda:
+    """The torch.cuda calls the graph runner makes (one seam, so tests can run the runner's logic
+    on the CPU with a stand-in)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def run_on_side_stream(self, fn: Callable[[], Any]) -> None:
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+        return g, out
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
 class _CudaGraphRunner:
     """Warm up once, capture on the second call, replay after (see the module invariant)."""
 
-    def __init__(self, program: TritonProgram) -> None:
+    def __init__(self, program: TritonProgram, cuda: Any = None) -> None:
         self.p = program
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.cuda = cuda if cuda is not None else TorchCuda(program.device)
+        self.graph: Any = None
         self.static: dict[int, torch.Tensor] = {}
         self.ref_ptrs: dict[int, int] = {}
         self.outputs: list[torch.Tensor] = []
         self.failed = False
         self.warm = False
+        self.captures = 0
+        self.replays = 0
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self.failed:
@@ -178,7 +251,8 @@ class _CudaGraphRunner:
         if self.graph is not None and not self._refs_moved(inputs):
             for i, buf in self.static.items():
                 buf.copy_(inputs[i])
-            self.graph.replay()
+            self.cuda.replay(self.graph)
+            self.replays += 1
             return [o.clone() for o in self.outputs]
         return self._capture(inputs)
 
@@ -196,21 +270,17 @@ class _CudaGraphRunner:
                 self.failed = True
                 return p.run_eager(inputs)
         self.ref_ptrs = {i: args[i].data_ptr() for i, kind in enumerate(p.input_kinds) if kind != "user"}
-        side = torch.cuda.Stream(device=p.device)
-        side.wait_stream(torch.cuda.current_stream(p.device))
-        with torch.cuda.stream(side):
-            p.run_eager(args)
-        torch.cuda.current_stream(p.device).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
+        self.cuda.run_on_side_stream(lambda: p.run_eager(args))
         try:
-            with torch.cuda.graph(g):
-                outs = p.run_eager(args)
+            g, outs = self.cuda.capture(lambda: p.run_eager(args))
         except Exception as e:  # a step that cannot be captured: run this program eagerly from now on
             self.failed = True
             warnings.warn(f"novaforge: CUDA graph capture failed ({type(e).__name__}: {e}); running eagerly",
                           stacklevel=3)
-            torch.cuda.synchronize(p.device)
+            self.cuda.synchronize()
             return p.run_eager(inputs)
         self.graph, self.outputs = g, outs
-        g.replay()
+        self.captures += 1
+        self.cuda.replay(g)
+        self.replays += 1
         return [o.clone() for o in outs]

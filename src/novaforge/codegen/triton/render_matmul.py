@@ -102,7 +102,7 @@ def _plus(base: str) -> str:
 
 def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     lay = MatmulLayout(info)
-    bm, bn, bk, g = sched.block_m, sched.block_n, sched.block_k, sched.group_m
+    bm, bn, bk = sched.block_m, sched.block_n, sched.block_k
     rows, n, k = lay.rows, lay.n, lay.k
     wide = info.max_span() >= WIDE
     ins, outs = params(info)
@@ -114,8 +114,70 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     em = BodyEmitter(info, [Lane("pid_b", tuple(lay.grid_dims), None), Lane("rm2", tuple(lay.row_dims), mmask),
                             Lane("rn2", (len(space) - 1,), nmask)], ins)
     L = em.line
-    L("pid = tl.program_id(0)")
-    L("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+    mn_tiles = cdiv(rows, bm) * cdiv(n, bn)
+    a_base = " + ".join(x for x in (str(lay.la.layout.offset) if lay.la.layout.offset else "", lay.a_batch())
+                        if x and x != "0") or "0"
+    b_base = " + ".join(x for x in (str(lay.lb.layout.offset) if lay.lb.layout.offset else "", lay.b_batch())
+                        if x and x != "0") or "0"
+    # descriptors are made once per program, or once per tile when their bases move with the batch
+    hoist = tma is not None and sched.persistent and lay.batch == 1
+    if hoist:
+        _descriptors(L, lay, tma, a_ptr, b_ptr, a_base, b_base, bm, bn, bk)
+    descs = tma is not None and not hoist
+    if sched.persistent:
+        # persistent: `programs` CTAs walk the tiles with a stride of `programs` (flattened with the
+        # k loop, so the next tile's loads are issued while this one's epilogue runs)
+        tiles = mn_tiles * lay.batch
+        start = "tl.program_id(0)" + (".to(tl.int64)" if wide else "")
+        with em.block(f"for tile in tl.range({start}, {tiles}, {sched.programs}, flatten=True):"):
+            if lay.batch > 1:
+                L(f"pid_b = tile // {mn_tiles}")
+                L(f"pid = tile % {mn_tiles}")
+            else:
+                L("pid_b = 0")
+                L("pid = tile")
+            _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
+    else:
+        L("pid = tl.program_id(0)")
+        L("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+        _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
+    header = (f"[{lay.batch} x] ({rows} x {k}) @ ({k} x {n}), {lay.dtype}, "
+              f"loader {'tma ' + '/'.join(tma) if tma else 'pointer'}"
+              + (f", persistent over {sched.programs} programs, epilogue in {sched.subtile} subtiles"
+                 if sched.persistent else ""))
+    src = assemble(info, em, header, sched)
+    grid = (sched.programs, 1) if sched.persistent else (mn_tiles, lay.batch)
+    return KernelSource(info.kernel.name, "matmul", src, grid, sched.num_warps, sched.num_stages, len(ins), len(outs),
+                        sched, uses_tma=tma is not None)
+
+
+def _descriptors(L, lay: MatmulLayout, tma: tuple[str, str], a_ptr: str, b_ptr: str, a_base: str, b_base: str,
+                 bm: int, bn: int, bk: int) -> None:
+    rows, n, k = lay.rows, lay.n, lay.k
+    a_major, b_major = tma
+    a_rs = single_stride(lay.a_row_dims())
+    if a_major == "k":
+        L(f"a_desc = tl.make_tensor_descriptor({a_ptr} + {a_base}, shape=[{rows}, {k}], strides=[{a_rs}, 1], "
+          f"block_shape=[{bm}, {bk}])")
+    else:
+        L(f"a_desc = tl.make_tensor_descriptor({a_ptr} + {a_base}, shape=[{k}, {rows}], strides=[{lay.a_sk}, 1], "
+          f"block_shape=[{bk}, {bm}])")
+    if b_major == "n":
+        L(f"b_desc = tl.make_tensor_descriptor({b_ptr} + {b_base}, shape=[{k}, {n}], strides=[{lay.b_sk}, 1], "
+          f"block_shape=[{bk}, {bn}])")
+    else:
+        L(f"b_desc = tl.make_tensor_descriptor({b_ptr} + {b_base}, shape=[{n}, {k}], strides=[{lay.b_sn}, 1], "
+          f"block_shape=[{bn}, {bk}])")
+
+
+def _tile(em: BodyEmitter, info: BodyInfo, lay: MatmulLayout, sched: MatmulSchedule, tma: tuple[str, str] | None,
+          a_ptr: str, b_ptr: str, a_base: str, b_base: str, outs: list[str], wide: bool, mmask: str | None,
+          nmask: str | None, descs: bool) -> None:
+    """One output tile: `pid` (the tile within the batch) and `pid_b` are defined; grouped
+    swizzle, the k loop, then the epilogue (in `sched.subtile` column pieces)."""
+    L = em.line
+    bm, bn, bk, g = sched.block_m, sched.block_n, sched.block_k, sched.group_m
+    rows, n, k = lay.rows, lay.n, lay.k
     L(f"num_pid_n = {cdiv(n, bn)}")
     L(f"num_pid_in_group = {g} * num_pid_n")
     L("group_id = pid // num_pid_in_group")
@@ -129,10 +191,6 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     L(f"rm = pid_m * {bm} + tl.arange(0, {bm})")
     L(f"rn = pid_n * {bn} + tl.arange(0, {bn})")
     L(f"rk = tl.arange(0, {bk})")
-    a_base = " + ".join(x for x in (str(lay.la.layout.offset) if lay.la.layout.offset else "", lay.a_batch())
-                        if x and x != "0") or "0"
-    b_base = " + ".join(x for x in (str(lay.lb.layout.offset) if lay.lb.layout.offset else "", lay.b_batch())
-                        if x and x != "0") or "0"
     k_tiles = cdiv(k, bk)
     prec = f", input_precision=\"{sched.input_precision}\"" if lay.dtype == torch.float32 else ""
     if tma is None:
@@ -143,21 +201,8 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
             a_row = "ram * 0"
         L(f"a_ptrs = {a_ptr} + {_plus(a_base)}({a_row})[:, None] + (rk * {lay.a_sk})[None, :]")
         L(f"b_ptrs = {b_ptr} + {_plus(b_base)}(rk * {lay.b_sk})[:, None] + (rbn * {lay.b_sn})[None, :]")
-    else:
-        a_major, b_major = tma
-        a_rs = single_stride(lay.a_row_dims())
-        if a_major == "k":
-            L(f"a_desc = tl.make_tensor_descriptor({a_ptr} + {a_base}, shape=[{rows}, {k}], strides=[{a_rs}, 1], "
-              f"block_shape=[{bm}, {bk}])")
-        else:
-            L(f"a_desc = tl.make_tensor_descriptor({a_ptr} + {a_base}, shape=[{k}, {rows}], strides=[{lay.a_sk}, 1], "
-              f"block_shape=[{bk}, {bm}])")
-        if b_major == "n":
-            L(f"b_desc = tl.make_tensor_descriptor({b_ptr} + {b_base}, shape=[{k}, {n}], strides=[{lay.b_sk}, 1], "
-              f"block_shape=[{bk}, {bn}])")
-        else:
-            L(f"b_desc = tl.make_tensor_descriptor({b_ptr} + {b_base}, shape=[{n}, {k}], strides=[{lay.b_sn}, 1], "
-              f"block_shape=[{bn}, {bk}])")
+    elif descs:
+        _descriptors(L, lay, tma, a_ptr, b_ptr, a_base, b_base, bm, bn, bk)
     L(f"acc = tl.zeros(({bm}, {bn}), dtype=tl.float32)")
     with em.block(f"for kt in range({k_tiles}):"):
         if tma is None:
@@ -183,17 +228,32 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
             L(f"a_ptrs += {bk * lay.a_sk}")
             L(f"b_ptrs += {bk * lay.b_sk}")
     L("rm2 = rm[:, None]")
-    L("rn2 = rn[None, :]")
     if mmask:
         L(f"mmask = rm2 < {rows}")
-    if nmask:
-        L(f"nmask = rn2 < {n}")
-    em.preset(info.anchor.out, "acc", {"rm2", "rn2"})
-    for i, c, strides in info.stores:
-        em.store(outs[i], c, strides, info.outputs[i].dtype)
-    header = (f"[{lay.batch} x] ({rows} x {k}) @ ({k} x {n}), {lay.dtype}, "
-              f"loader {'tma ' + '/'.join(tma) if tma else 'pointer'}")
-    src = assemble(info, em, header, sched)
-    grid = (cdiv(rows, bm) * cdiv(n, bn), lay.batch)
-    return KernelSource(info.kernel.name, "matmul", src, grid, sched.num_warps, sched.num_stages, len(ins), len(outs),
-                        sched, uses_tma=tma is not None)
+    parts = _split_columns(L, "acc", bm, bn, sched.subtile)
+    width = bn // len(parts)
+    for h, part in enumerate(parts):
+        with em.scope():
+            L("rn2 = rn[None, :]" if len(parts) == 1 else
+              f"rn2 = (pid_n * {bn} + {h * width} + tl.arange(0, {width}))[None, :]")
+            if nmask:
+                L(f"nmask = rn2 < {n}")
+            em.preset(info.anchor.out, part, {"rm2", "rn2"})
+            for i, c, strides in info.stores:
+                em.store(outs[i], c, strides, info.outputs[i].dtype)
+
+
+def _split_columns(L, acc: str, bm: int, bn: int, pieces: int) -> list[str]:
+    """Names of `pieces` column blocks of the [bm, bn] tile `acc`, left to right (tl.split halves
+    the last dim of a [bm, bn/2, 2] view; quarters split the halves again)."""
+    names = [acc]
+    width = bn
+    while len(names) < pieces:
+        width //= 2
+        nxt = []
+        for nm in names:
+            lo, hi = f"{nm}_l", f"{nm}_h"
+            L(f"{lo}, {hi} = tl.split(tl.permute(tl.reshape({nm}, ({bm}, 2, {width})), (0, 2, 1)))")
+            nxt += [lo, hi]
+        names = nxt
+    return names

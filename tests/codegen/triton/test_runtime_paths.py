@@ -1,0 +1,233 @@
+"""The GPU-only runtime paths, exercised on the CPU with stand-ins: the CUDA-graph runner (a fake
+torch.cuda that replays a captured step list), the GPU launcher's options, `_precompile`'s
+compile-and-load check (Triton's AsyncCompileMode with fake compiled kernels, one of which
+raises OutOfResources at load like Triton 3.6's `_init_handles`), and `target_from_device` on
+fake device properties. gpu_check's first device part runs the real ones and prints which ran."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+import torch
+from nf_triton_testing import backend, compiled
+
+from novaforge.codegen.triton import backend as be
+from novaforge.codegen.triton.program import _CudaGraphRunner
+from novaforge.schedule import gpu as sched_gpu
+
+
+class FakeCuda:
+    """What the runner needs from torch.cuda. A 'graph' is the captured function; replaying it
+    runs the same steps again on the same static buffers and writes the captured outputs in
+    place, as a CUDA graph replay does."""
+
+    def __init__(self, fail_capture: bool = False) -> None:
+        self.fail_capture = fail_capture
+        self.side_runs = 0
+
+    def run_on_side_stream(self, fn):
+        self.side_runs += 1
+        fn()
+
+    def capture(self, fn):
+        if self.fail_capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        outs = fn()
+        return (fn, outs), outs
+
+    def replay(self, graph):
+        fn, outs = graph
+        for o, new in zip(outs, fn(), strict=True):
+            o.copy_(new)
+
+    def synchronize(self):
+        pass
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(12, 6)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * 2
+
+
+def _program_and_binding(m, x):
+    c = compiled(m)  # not frozen: the weights are program inputs ("param"), read at every call
+    with torch.no_grad():
+        c(x)
+    st = c.stats()
+    refs = st.captured.param_refs
+
+    def bind(x):
+        out, r = [], 0
+        for gi in st.graph.inputs:
+            if gi.kind == "user":
+                out.append(x)
+            elif gi.kind in ("param", "buffer"):
+                out.append(refs[r])
+                r += 1
+        return out
+
+    return st.program, bind
+
+
+def test_cuda_graph_runner_warms_captures_replays_and_recaptures():
+    m = Net()
+    x = torch.randn(5, 12)
+    prog, bind = _program_and_binding(m, x)
+    runner = _CudaGraphRunner(prog, cuda=FakeCuda())
+    with torch.no_grad():
+        xs = [torch.randn(5, 12) for _ in range(4)]
+        outs = [runner.run(bind(xi))[0] for xi in xs[:3]]
+        assert (runner.captures, runner.replays) == (1, 2)  # call 1 eager, 2 capture (+replay), 3 replay
+        for o, xi in zip(outs, xs, strict=False):
+            torch.testing.assert_close(o, m(xi), atol=1e-5, rtol=1e-5)
+        assert outs[1].data_ptr() != runner.outputs[0].data_ptr()  # callers get clones of the static outputs
+        # a parameter that moves (reassigned) invalidates the graph: recapture, and read the new value
+        old = m.lin.weight
+        m.lin.weight = torch.nn.Parameter(torch.randn(6, 12))
+        moved = [m.lin.weight if t is old else t for t in bind(xs[3])]
+        got = runner.run(moved)[0]
+        torch.testing.assert_close(got, m(xs[3]), atol=1e-5, rtol=1e-5)
+        assert runner.captures == 2
+
+
+def test_cuda_graph_capture_failure_runs_eagerly():
+    m = Net()
+    x = torch.randn(5, 12)
+    prog, bind = _program_and_binding(m, x)
+    runner = _CudaGraphRunner(prog, cuda=FakeCuda(fail_capture=True))
+    with torch.no_grad():
+        runner.run(bind(x))
+        with pytest.warns(UserWarning, match="capture failed"):
+            got = runner.run(bind(x + 1))[0]
+        torch.testing.assert_close(got, m(x + 1), atol=1e-5, rtol=1e-5)
+        assert runner.failed and runner.captures == 0
+        torch.testing.assert_close(runner.run(bind(x - 1))[0], m(x - 1), atol=1e-5, rtol=1e-5)
+
+
+def test_gpu_launcher_passes_launch_options_and_no_upcast():
+    calls = []
+
+    class FakeFn:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    src = types.SimpleNamespace(grid=(7, 2), num_warps=8, num_stages=3)
+    be._launcher(FakeFn(), src, interpret=False)(1, 2)
+    be._launcher(FakeFn(), src, interpret=True)(3)
+    assert calls == [((7, 2), (1, 2), {"UPCAST": False, "num_warps": 8, "num_stages": 3}),
+                     ((7, 2), (3,), {"UPCAST": True})]
+
+
+class FakeCompiled:
+    """A Triton CompiledKernel as far as `_precompile` looks: metadata, and `_init_handles`, which
+    loads the binary and sets n_regs / n_spills, or raises like Triton 3.6 does when the kernel
+    needs more shared memory than the device has."""
+
+    def __init__(self, shared: int, limit: int) -> None:
+        self.metadata = types.SimpleNamespace(shared=shared)
+        self.limit = limit
+
+    def _init_handles(self):
+        from triton.runtime.errors import OutOfResources
+
+        if self.metadata.shared > self.limit:
+            raise OutOfResources(self.metadata.shared, self.limit, "shared memory")
+        self.n_regs, self.n_spills = 168, 0
+
+
+class FakeJit:
+    """`warmup` submits its compile to the active AsyncCompileMode, as JITFunction._do_compile does."""
+
+    def __init__(self, name: str, outcome) -> None:
+        self.name, self.outcome, self.warmed = name, outcome, []
+
+    def warmup(self, *dtypes, grid, **kw):
+        from triton.runtime import _async_compile
+
+        self.warmed.append((dtypes, grid, kw))
+
+        def compile_fn():
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return self.outcome
+
+        return _async_compile.active_mode.get().submit(self.name, compile_fn, lambda k: None)
+
+
+def test_precompile_loads_kernels_and_reports_resources_and_failures():
+    limit = 232448
+    fits, too_big = FakeCompiled(147456, limit), FakeCompiled(264192, limit)
+    fns = {"fits": FakeJit("fits", fits), "big": FakeJit("big", too_big),
+           "broken": FakeJit("broken", RuntimeError("PTXAS error: bad"))}
+    srcs = {n: types.SimpleNamespace(title=n, grid=(4, 1), num_warps=8, num_stages=3) for n in fns}
+    kernels = {id(f): (f, srcs[n], [torch.float32, torch.float32]) for n, f in fns.items()}
+    failed, resources, note = be._precompile(kernels, {"compile_threads": 2})
+    assert note["ran"] and note["kernels"] == 3 and note["failed"] == 2
+    assert resources[id(fns["fits"])] == {"shared": 147456, "n_regs": 168, "n_spills": 0}
+    assert "OutOfResources" in failed[id(fns["big"])] and "shared memory" in failed[id(fns["big"])]
+    assert resources[id(fns["big"])]["shared"] == 264192 and resources[id(fns["big"])]["n_regs"] is None
+    assert "PTXAS error" in failed[id(fns["broken"])] and id(fns["broken"]) not in resources
+    assert fns["fits"].warmed == [((torch.float32, torch.float32), (4, 1),
+                                   {"UPCAST": False, "num_warps": 8, "num_stages": 3})]
+    _, _, serial = be._precompile({id(fns["fits"]): kernels[id(fns["fits"])]}, {"parallel_compile": False})
+    assert serial["threads"] == 1 and serial["failed"] == 0
+
+
+def test_kernels_that_fail_to_load_fall_back_with_their_reason():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    x = torch.randn(3, 8)
+    c = compiled(m, freeze=True)
+    with torch.no_grad():
+        c(x)
+        prog = c.stats().program
+        st = next(s for s in prog.steps if s.kind == "triton")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            backend()._fall_back(prog, {id(st.node): "mm: OutOfResources: out of resource: "
+                                                      "shared memory, Required: 264192, Hardware limit: 232448"})
+        fb = prog.info()["fallbacks"]
+        assert len(fb) >= 1 and any("OutOfResources" in f["reason"] for f in fb)
+        assert "OutOfResources" in prog.describe()
+        torch.testing.assert_close(c(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+H200_PROPS = dict(name="NVIDIA H200", multi_processor_count=132, shared_memory_per_block_optin=232448,
+                  shared_memory_per_multiprocessor=233472, regs_per_multiprocessor=65536, L2_cache_size=60 * 2**20,
+                  max_threads_per_multi_processor=2048, major=9, minor=0, total_memory=150 * 2**30)
+
+
+def _fake_device(monkeypatch, **props):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(**props))
+
+
+def test_target_from_device_on_fake_properties(monkeypatch):
+    _fake_device(monkeypatch, **H200_PROPS)
+    t = sched_gpu.target_from_device()
+    h = sched_gpu.KNOWN_GPUS["H200"]
+    assert t.name == "NVIDIA H200" and t.hopper and t.sm_count == 132 and not t.interpret
+    assert t.smem_per_block == 232448 and t.l2_bytes == 60 * 2**20 and t.peak_flops == h.peak_flops
+    assert t.source.startswith("device + measured")
+    assert sched_gpu.default_target() == t
+    # a cut-down chip of a known family: peaks scale with the SM count
+    _fake_device(monkeypatch, **{**H200_PROPS, "name": "NVIDIA H100 PCIe", "multi_processor_count": 114})
+    t = sched_gpu.target_from_device()
+    assert t.peak("bf16") == pytest.approx(sched_gpu.KNOWN_GPUS["H100"].peak("bf16") * 114 / 132)
+    # an unknown chip: the generic description scaled by SMs; missing properties fall back to it
+    props = {k: v for k, v in H200_PROPS.items() if k not in ("shared_memory_per_block_optin", "L2_cache_size")}
+    _fake_device(monkeypatch, **{**props, "name": "Some Future GPU", "multi_processor_count": 160, "major": 10})
+    t = sched_gpu.target_from_device()
+    g = sched_gpu.GENERIC
+    assert t.source == "device + guess" and t.capability == (10, 0)
+    assert t.smem_per_block == g.smem_per_block and t.l2_bytes == g.l2_bytes
+    assert t.peak("tf32") == pytest.approx(g.peak("tf32") * 160 / g.sm_count)
+    # the schedules follow the device it describes
+    s = sched_gpu.matmul_schedule(1, 4096, 4096, 4096, torch.bfloat16, t)
+    assert s.smem <= t.smem_per_block
