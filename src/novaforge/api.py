@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from . import settings
+from . import logs, settings
 from .frontend import pytrees
 from .frontend.capture import Captured, capture
 from .ir import Graph
@@ -108,6 +109,7 @@ class CompiledModule:
             stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
                                   options=self.options)
         self.compilations += 1
+        _log_runtime.info("new input signature: program %d compiled", self.compilations)
         self.last_stats = stats
         return _Entry(stats)
 
@@ -206,8 +208,22 @@ def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:
 
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
                   options: dict[str, Any]) -> CompileStats:
-    """Capture, optimize and build a program for one input signature."""
+    """Capture, optimize and build a program for one input signature (with its log topics,
+    progress line and dump folder: `novaforge.logs`)."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    with logs.compile_session(name) as session:
+        stats = _compile_graph(fn, args, kwargs, freeze=freeze, backend=backend, options=options, session=session)
+    _log_runtime.info("compiled %s in %.2f s (%s backend)", name, stats.times["total_s"], stats.backend)
+    return stats
+
+
+_log_runtime = logs.get_logger("runtime")
+
+
+def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
+                   options: dict[str, Any], session: logs.CompileSession) -> CompileStats:
     t0 = time.perf_counter()
+    session.stage("capture")
     if _probably_cpu(backend, args, kwargs):
         from .codegen.cpu.gemm.build import start_background_build
 
@@ -221,12 +237,21 @@ def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: 
     be = get_backend(chosen)
     opts = dict(options)
     opts.setdefault("backend", chosen)
+    if session.dump is not None:
+        opts.setdefault("dump_dir", str(session.dump.path))  # the Triton backend writes its sources there
     graph, records = run_pipeline(captured.graph, options=opts, target=be.target(), backend=be)
     t2 = time.perf_counter()
+    session.stage(f"codegen and build, {sum(1 for n in graph.nodes if n.op == 'kernel')} kernels")
     program = be.build(graph, opts) if be is not None else None
     t3 = time.perf_counter()
     times = dict(captured.times)
     times.update({"capture_s": t1 - t0, "passes_s": t2 - t1, "codegen_s": t3 - t2, "total_s": t3 - t0})
+    if session.dump is not None:
+        info = getattr(program, "info", None)
+        src = info.get("source_dir") if isinstance(info, dict) else None  # the CPU backend's sources
+        if src:
+            session.dump.copy_tree(Path(src), "cpu", "generated C++ source")
+        session.dump.finish(f"{chosen} backend, {len(graph.nodes)} nodes, compiled in {t3 - t0:.2f} s")
     return CompileStats(captured, graph, records, times, chosen, program)
 
 

@@ -78,3 +78,25 @@ def debug_dir() -> str:
 
 def triton_interpret() -> bool:
     return _get("TRITON_INTERPRET") == "1"
+
+
+def logs_spec() -> str:
+    """$NOVAFORGE_LOGS: comma-separated topics to log (`passes,fusion,...`; `+topic` for debug
+    level, `all` / `+all` for every topic); '' when unset. Validated by `novaforge.logs`."""
+    return _get("NOVAFORGE_LOGS").strip()
+
+
+def dump_dir() -> str:
+    """$NOVAFORGE_DUMP: a directory that receives the IR after every pass and every generated
+    source, with an index file ('' when unset or '0')."""
+    v = _get("NOVAFORGE_DUMP").strip()
+    return "" if v == "0" else v
+
+
+def progress_enabled() -> bool:
+    """$NOVAFORGE_PROGRESS: '0' silences the compile progress line (default on; it is shown only
+    on a terminal and only for compiles longer than about a second)."""
+    v = _get("NOVAFORGE_PROGRESS", "1").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"NOVAFORGE_PROGRESS={v!r}; expected 0 or 1")
+    return v != "0"

@@ -3,17 +3,25 @@
 For each pass the pipeline records wall time, nodes and values before and after, and the
 pass's counters; that record is the pass-level visibility `explain` prints. With
 NOVAFORGE_CHECK=1 (and in tests) the verifier runs after every pass.
+
+With `keep_graphs=True` (argument or option) each record also keeps the graph the pass
+returned. That costs no copy: graphs are immutable and share unchanged nodes, so a record only
+holds a reference (the report prints them lazily). Each finished pass is logged on the
+`passes` topic (fusion passes' counters also on `fusion`), and under `NOVAFORGE_DUMP` the IR
+after every pass is written with its provenance line ("# after cse: 3.63 ms, ...").
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import settings
+from .. import logs, settings
 from ..ir import Graph, verify
+from ..ir.printer import format_graph
 from .context import PassContext
 from .cse import cse
 from .dce import dce
@@ -33,6 +41,13 @@ class PassRecord:
     values_before: int
     values_after: int
     counters: dict[str, int] = field(default_factory=dict)
+    graph: Graph | None = field(default=None, repr=False, compare=False)  # with keep_graphs
+
+    def effect(self) -> str:
+        """The one-line summary logs, dumps and reports print."""
+        eff = ", ".join(f"{k} {v}" for k, v in self.counters.items() if v)
+        return (f"{self.ms:.2f} ms, {self.nodes_before} -> {self.nodes_after} nodes, "
+                f"{self.values_before} -> {self.values_after} values" + (f"; {eff}" if eff else ""))
 
 
 def _count_values(g: Graph) -> int:
@@ -76,10 +91,18 @@ def run_pipeline(
     target: Any = None,
     check: bool | None = None,
     backend: Any = None,
+    keep_graphs: bool | None = None,
 ) -> tuple[Graph, list[PassRecord]]:
     check = settings.check_enabled() if check is None else check
+    keep = bool((options or {}).get("keep_graphs", False)) if keep_graphs is None else keep_graphs
+    session = logs.current()
+    dump = session.dump if session is not None else None
+    if dump is not None:
+        dump.write("passes/00-input.txt", f"# input graph: {len(graph.nodes)} nodes\n" + format_graph(graph),
+                   "IR before the first pass")
     records: list[PassRecord] = []
-    for name, fn in passes if passes is not None else default_pipeline():
+    for i, (name, fn) in enumerate(passes if passes is not None else default_pipeline(), start=1):
+        logs.stage(f"pass {name}")
         ctx = PassContext(options=dict(options or {}), target=target, backend=backend)
         nb, vb = len(graph.nodes), _count_values(graph)
         t0 = time.perf_counter()
@@ -87,5 +110,28 @@ def run_pipeline(
         ms = (time.perf_counter() - t0) * 1e3
         if check:
             verify(graph, name)
-        records.append(PassRecord(name, ms, nb, len(graph.nodes), vb, _count_values(graph), dict(ctx.counters)))
+        rec = PassRecord(name, ms, nb, len(graph.nodes), vb, _count_values(graph), dict(ctx.counters),
+                         graph if keep else None)
+        records.append(rec)
+        _log_pass(rec, graph)
+        if dump is not None:
+            dump.write(f"passes/{i:02d}-{name}.txt", f"# after {name}: {rec.effect()}\n" + format_graph(graph),
+                       f"IR after {name} ({rec.effect()})")
     return graph, records
+
+
+_log_passes = logs.get_logger("passes")
+_log_fusion = logs.get_logger("fusion")
+
+
+def _log_pass(rec: PassRecord, graph: Graph) -> None:
+    _log_passes.info("%s: %s", rec.name, rec.effect())
+    if rec.name in ("fuse", "fuse_attention") and _log_fusion.isEnabledFor(logging.INFO):
+        _log_fusion.info("%s: %s", rec.name, ", ".join(f"{k} {v}" for k, v in rec.counters.items()) or "no change")
+        if rec.name == "fuse" and _log_fusion.isEnabledFor(logging.DEBUG):
+            for n in graph.nodes:
+                if n.op == "kernel":
+                    k = n.attrs["kernel"]
+                    ops = [b.op for b in k.body.nodes]
+                    _log_fusion.debug("kernel %s [%s]: %d ops (%s)%s", k.name, k.kind, len(ops), " ".join(ops[:12]),
+                                      f"  # {n.meta['source']}" if n.meta.get("source") else "")

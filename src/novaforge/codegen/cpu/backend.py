@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import Graph, Kernel, Value
 from ...ir.types import TensorType
@@ -42,6 +43,8 @@ _SOURCES = ("analysis.py", "attention.py", "backend.py", "build.py", "cexpr.py",
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
 EXPORT = 'extern "C" __attribute__((visibility("default")))'
 _hash_cache: list[str] = []
+_log_codegen = logs.get_logger("codegen")
+_log_schedule = logs.get_logger("schedule")
 
 
 def backend_hash() -> str:
@@ -102,6 +105,7 @@ class CpuBackend:
         use_packing = bool(options.get("pack_weights", False))
         profile = bool(options.get("profile", False))
         launch_labels: list[str] = []
+        launch_kernels: list[int] = []  # per generated launch: the kernel's ordinal (profiling)
         fallbacks: list[str] = []
         schedules: dict[str, str] = {}  # kernel structural key -> how it runs (for explain)
 
@@ -113,15 +117,20 @@ class CpuBackend:
                 steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3])))
                 current = []
 
+        ordinal = -1
         for n in graph.nodes:
             if n.op != "kernel":
                 continue
+            ordinal += 1
             kernel: Kernel = n.attrs["kernel"]
             ins = [layout.slot_of(v) for v in n.inputs]
             outs = [layout.slot_of(o) for o in n.outputs]
             consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
             plan = self.plan(kernel, target, consts if use_packing else frozenset())
-            schedules[kernel.structural_key] = _describe_plan(plan)
+            desc = _describe_plan(plan)
+            if kernel.structural_key not in schedules:
+                _log_schedule.info("%s [%s]: %s", kernel.name, kernel.kind, desc)
+            schedules[kernel.structural_key] = desc
             if plan.kind == "gemm":
                 gp = plan.gemm
                 assert gp is not None and plan.gen is not None
@@ -138,6 +147,7 @@ class CpuBackend:
                 gens[plan.gen.fn] = plan.gen
                 current.append((plan.gen.fn, args))
                 launch_labels.append(kernel.name)
+                launch_kernels.append(ordinal)
                 counts["generated"] += 1
                 counts["gemm"] += 1
             elif plan.kind == "gen":
@@ -145,6 +155,7 @@ class CpuBackend:
                 gens[plan.gen.fn] = plan.gen
                 current.append((plan.gen.fn, ins + outs))
                 launch_labels.append(kernel.name)
+                launch_kernels.append(ordinal)
                 counts["generated"] += 1
             elif plan.kind in ("matmul", "attention"):
                 assert plan.anchor_type is not None
@@ -158,6 +169,7 @@ class CpuBackend:
                     gens[plan.anchor_gen.fn] = plan.anchor_gen
                     current.append((plan.anchor_gen.fn, [dst] + ins + outs))
                     launch_labels.append(kernel.name)
+                    launch_kernels.append(ordinal)
                     counts["generated"] += 1
                 else:
                     flush()
@@ -165,16 +177,17 @@ class CpuBackend:
                     attrs["out_shape"] = plan.anchor_type.shape
                     steps.append(StepSpec("matmul" if plan.kind == "matmul" else "sdpa",
                                           operands=[(ins[o.buf], o.layout) for o in plan.operands], out=dst,
-                                          attrs=attrs, label=kernel.name))
+                                          attrs=attrs, label=kernel.name, kernel=ordinal))
                     counts["library"] += 1
                 if plan.gen is not None:
                     gens[plan.gen.fn] = plan.gen
                     current.append((plan.gen.fn, [dst] + ins + outs))
                     launch_labels.append(kernel.name + " (epilogue)")
+                    launch_kernels.append(ordinal)
                     counts["generated"] += 1
             else:
                 flush()
-                steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name))
+                steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name, kernel=ordinal))
                 counts["torch"] += 1
                 fallbacks.append(f"{kernel.name}: {plan.reason}")
         flush()
@@ -188,10 +201,14 @@ class CpuBackend:
         src_dir = str(library_cache("cpu").entry_dir(key) / "src") if key else ""
         info = {"library_key": key, "cache": how, "source_dir": src_dir, "plan_s": t1 - t0, "library_s": t2 - t1,
                 "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
-                "launch_labels": launch_labels if profile else [],
+                "launch_labels": launch_labels if profile else [], "launch_kernels": launch_kernels if profile else [],
+                "profile": profile,
                 "target": target.describe()}
         program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
         program.schedules = schedules
+        _log_codegen.info("cpu: %d kernels, %d distinct functions in %d segments, %d library and %d torch steps; "
+                          "library %s in %.2f s (plan %.2f s)", ordinal + 1, len(gens), len(segments),
+                          counts["library"], counts["torch"], how, t2 - t1, t1 - t0)
         return program
 
     def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
