@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     profile = ""
     if not args.no_profile:
-        from novaforge.report.roofline import format_profile, peaks, profile_kernels
+        from novaforge.report.roofline import format_profile, profile_program
 
-        profile = format_profile(profile_kernels(compiled, (ids,), {}, runs=5), peaks(stats), n_ms)
+        with torch.inference_mode():
+            profile = format_profile(profile_program(compiled, (ids,), {}, runs=max(args.runs // 4, 3)))
     print(Report(stats, metrics(stats), args.max_kernels, profile=profile))
     return 0

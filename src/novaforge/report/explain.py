@@ -39,28 +39,19 @@ def explain(model: Any, *args: Any, freeze: bool = True, backend: str = "auto", 
             runs: int = 5, **kwargs: Any) -> Report:
     """Compile `model` for `args`/`kwargs` and return the report (print it). With
     profile=True the program also times its launches over `runs` calls and the report adds
-    each kernel's time and roofline efficiency."""
-    import time
-
+    each kernel's time and roofline efficiency, and how kernels + overhead add up to the wall
+    time (report/roofline.py)."""
     import torch
 
     from ..api import CompiledModule
-    from .roofline import format_profile, peaks, profile_kernels
+    from .roofline import format_profile, profile_program
 
     compiled = model if isinstance(model, CompiledModule) else CompiledModule(
         model, freeze=freeze, backend=backend, options={"profile": True} if profile else None)
     with torch.no_grad():
         compiled(*args, **kwargs)
     stats = compiled.stats()
-    prof = ""
-    if profile:
-        rows = profile_kernels(compiled, args, kwargs, runs)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            for _ in range(runs):
-                compiled(*args, **kwargs)
-            wall_ms = (time.perf_counter() - t0) / runs * 1e3
-        prof = format_profile(rows, peaks(stats), wall_ms)
+    prof = format_profile(profile_program(compiled, args, kwargs, runs)) if profile else ""
     return Report(stats, metrics(stats), profile=prof)
 
 

@@ -4,14 +4,44 @@ fusion gain ratio = captured ATen ops / launches per call, where a launch is one
 kernel or one library call (a program that splits a kernel, e.g. a GEMM call plus a separate
 epilogue, reports its real launch count as `program.launches`). Higher means more work per
 launch; eager PyTorch's ratio is 1 by definition.
+
+A kernel's `bytes` is the memory it must touch at least once: every output, and of every
+input what its body reads of it (`touched_bytes`): a slice reads its part, an index op
+(`take`, `gather`, ...) reads only the gathered rows of its table, and several reads of the
+same buffer count once (capped at the buffer's size). Rooflines divide by this number, so it
+must not count an embedding table of 150 MB for the 128 rows a `take` reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..ir import OPS, Graph
+from ..ir import OPS, Graph, Node, Value
 from ..ir.ops import node_flops
+
+
+def _read_bytes(body: Graph, v: Value) -> int:
+    """Bytes of `v` the body reads: views recurse (a slice reads less, an expand no more than its
+    source), the table operand of an index op reads one element per output element."""
+    total = 0
+    for u in body.users(v):
+        d = OPS[u.op]
+        if d.has("view"):
+            total += _read_bytes(body, u.outputs[0])
+        elif d.has("index") and u.inputs[0] is v:
+            total += u.outputs[0].type.numel * v.type.itemsize
+        else:
+            total += v.type.nbytes
+    if body.is_output(v):
+        total += v.type.nbytes
+    return min(v.type.nbytes, total)
+
+
+def touched_bytes(node: Node) -> int:
+    """Minimum bytes a kernel node moves: its outputs plus what its body reads of each input."""
+    body = node.attrs["kernel"].body
+    read = sum(min(v.type.nbytes, _read_bytes(body, bi.value)) for bi, v in zip(body.inputs, node.inputs, strict=True))
+    return read + sum(o.type.nbytes for o in node.outputs)
 
 
 def kernel_rows(graph: Graph) -> list[dict[str, Any]]:
@@ -27,7 +57,7 @@ def kernel_rows(graph: Graph) -> list[dict[str, Any]]:
             if d.has("view") or d.has("generator"):
                 continue
             flops += node_flops(bn.op, [v.type for v in bn.inputs], [o.type for o in bn.outputs], bn.attrs)
-        bytes_moved = sum(v.type.nbytes for v in n.inputs) + sum(o.type.nbytes for o in n.outputs)
+        bytes_moved = touched_bytes(n)
         rows.append({
             "name": k.name,
             "kind": k.kind,

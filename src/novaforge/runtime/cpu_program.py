@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,24 @@ class StepSpec:
     ins: list[int] = field(default_factory=list)  # torch: input slots
     outs: list[int] = field(default_factory=list)  # torch: output slots
     label: str = ""
+    kernel: int = -1  # the kernel's ordinal among the graph's kernel nodes (profiling)
+
+
+@dataclass
+class ProgramTimings:
+    """Cumulative times of a profiling program (`CpuProgram.timings()`); subtract two snapshots
+    to get the times of the calls between them."""
+
+    calls: int
+    run_s: float  # inside run(): binding, allocation, steps, outputs
+    steps: list[tuple[str, int, float]]  # (kind, kernel ordinal or -1 for a segment, seconds)
+    launches: list[tuple[int, str, float]]  # generated launches: (kernel ordinal, label, seconds in C)
+
+    def minus(self, before: ProgramTimings) -> ProgramTimings:
+        return ProgramTimings(
+            self.calls - before.calls, self.run_s - before.run_s,
+            [(k, o, s - b) for (k, o, s), (_, _, b) in zip(self.steps, before.steps, strict=True)],
+            [(o, lab, s - b) for (o, lab, s), (_, _, b) in zip(self.launches, before.launches, strict=True)])
 
 
 @dataclass
@@ -95,6 +114,9 @@ class CpuProgram:
         self._out_slots: list[int] | None = None
         self._ready = False
         self.calls = 0
+        self.run_s = 0.0  # total seconds inside run() (profiling reads it)
+        self._profiling = bool(self.info.get("profile"))
+        self._step_s = [0.0] * len(steps)
 
     def _materialize(self) -> None:
         """Allocate the arena and bind fixed slots (at the first call: a build may run under a
@@ -120,6 +142,8 @@ class CpuProgram:
             elif spec.kind == "fresh":
                 self._fresh.append((s, spec.type))
         self._runners = [self._make_runner(st) for st in self.steps]
+        if self._profiling:
+            self._runners = [self._timed(i, r) for i, r in enumerate(self._runners)]
         self._out_slots = [o.slot for o in self.outputs] if all(o.kind == "slot" for o in self.outputs) else None
         self._ready = True
 
@@ -183,6 +207,7 @@ class CpuProgram:
         if len(inputs) != self.n_inputs:
             raise TypeError(f"compiled program takes {self.n_inputs} inputs, got {len(inputs)}")
         with self._lock:
+            t_run = time.perf_counter()
             if not self._ready:
                 self._materialize()
             env, ptrs = self._env, self._ptrs
@@ -209,6 +234,7 @@ class CpuProgram:
             for s, _ in self._fresh:
                 env[s] = None
             self.calls += 1
+            self.run_s += time.perf_counter() - t_run
         return result
 
     def _output(self, o: OutputSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -223,6 +249,27 @@ class CpuProgram:
         for n in o.views:
             t = OPS[n.op].impl([t], n.attrs)
         return t
+
+    def _timed(self, i: int, runner: Callable[[], None]) -> Callable[[], None]:
+        acc = self._step_s
+
+        def run_timed() -> None:
+            t0 = time.perf_counter()
+            runner()
+            acc[i] += time.perf_counter() - t0
+
+        return run_timed
+
+    def timings(self) -> ProgramTimings | None:
+        """Cumulative step and launch times (programs built with profile=True, else None).
+        Library and torch steps are timed in Python around the call and belong to their
+        kernel; a segment step's time minus its launches' (timed in C) is glue overhead."""
+        if not self._profiling:
+            return None
+        steps = [(st.kind, st.kernel, self._step_s[i]) for i, st in enumerate(self.steps)]
+        kernels = self.info.get("launch_kernels") or []
+        launches = [(kernels[i] if i < len(kernels) else -1, lab, s) for i, (lab, s) in enumerate(self.profile())]
+        return ProgramTimings(self.calls, self.run_s, steps, launches)
 
     def profile(self) -> list[tuple[str, float]]:
         """(kernel, total seconds) per generated launch, for programs built with options
