@@ -1,6 +1,8 @@
 """The `novaforge` command line (also `python -m novaforge`).
 
     novaforge demo     compile a real model, compare with eager, print the compile report
+    novaforge report   the same as one self-contained HTML page (tables, kernel graph, plots)
+    novaforge cache    info | verify | clear [--older-than DAYS]: the on-disk kernel cache
     novaforge bench    benchmarks against eager, torch.compile, ONNX Runtime, OpenVINO (see --help)
     novaforge ops      the lowering table (which ATen ops become IR primitives, which go extern)
 """
@@ -15,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="novaforge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["demo", "bench", "ops"], help="what to run")
+    parser.add_argument("command", choices=["demo", "report", "cache", "bench", "ops"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -28,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
         from .report.demo import main as demo_main
 
         return demo_main(rest)
+    if cmd == "report":
+        from .report.html_report import main as report_main
+
+        return report_main(rest)
+    if cmd == "cache":
+        from .cache.admin import main as cache_main
+
+        return cache_main(rest)
     if cmd == "ops":
         from .report.ops_table import main as ops_main
 

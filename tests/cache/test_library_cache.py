@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -70,10 +71,14 @@ def test_miss_then_memory_and_disk_hits(tmp_path):
     assert mode == 0o700
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncate", "meta", "foreign"])
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "meta", "foreign", "meta_bytes", "meta_list", "meta_dir",
+                                    "meta_version", "entry_file", "src_file", "lib_empty"])
 def test_corrupt_entry_is_rebuilt(tmp_path, damage):
     key = cache_key("test", "corrupt", damage)
-    assert _in_subprocess(tmp_path, key) == ("built", 42)  # (the damaged file is never mapped here)
+    if damage in ("garbage", "truncate", "foreign", "lib_empty"):
+        assert _in_subprocess(tmp_path, key) == ("built", 42)  # (the damaged file is never mapped here)
+    else:  # the library's bytes stay intact: building it here is as good and cheaper
+        assert LibraryCache(tmp_path).load_or_build(key, _builder(key), _verify(key))[1] == "built"
     entry = LibraryCache(tmp_path).entry_dir(key)
     lib_path = entry / json.loads((entry / "meta.json").read_text())["lib"]
     if damage == "garbage":
@@ -84,6 +89,26 @@ def test_corrupt_entry_is_rebuilt(tmp_path, damage):
         lib_path.write_bytes(lib_path.read_bytes()[:100])
     elif damage == "meta":
         (entry / "meta.json").write_text("{not json")
+    elif damage == "meta_bytes":  # another encoding / random bytes: never a UnicodeDecodeError
+        (entry / "meta.json").write_bytes(b"\xff\xfe{\x00\x80\x81 garbage \xc3\x28")
+    elif damage == "meta_list":
+        (entry / "meta.json").write_text('["lib", 1]')
+    elif damage == "meta_dir":
+        (entry / "meta.json").unlink()
+        (entry / "meta.json").mkdir()
+    elif damage == "meta_version":  # an entry written by another novaforge version
+        meta = json.loads((entry / "meta.json").read_text())
+        meta["version"] = "0.0.0-other"
+        (entry / "meta.json").write_text(json.dumps(meta))
+    elif damage == "entry_file":
+        shutil.rmtree(entry)
+        entry.write_bytes(b"not a folder")
+    elif damage == "src_file":
+        shutil.rmtree(entry / "src")
+        (entry / "src").write_bytes(b"\x00")
+        (entry / "meta.json").unlink()  # an interrupted build: no commit record
+    elif damage == "lib_empty":
+        lib_path.write_bytes(b"")
     else:  # a valid library built for another key, with matching meta: the key check rejects it
         other = cache_key("other")
         _in_subprocess(tmp_path / "o", other)
@@ -140,3 +165,39 @@ def test_compile_error_keeps_source(tmp_path):
     assert "kernels_0.cpp" in msg
     path = msg.split("source kept at ")[1].split()[0].rstrip(",")
     assert Path(path).read_text() == "this is not C++"
+
+
+def test_lock_held_by_a_hung_process_is_given_up_on(tmp_path):
+    key = cache_key("test", "hung-lock")
+    c = LibraryCache(tmp_path, lock_timeout=0.5)
+    lock = c.root / key[:2] / f"{key}.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(lock)!r}, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        lib, how = c.load_or_build(key, _builder(key), _verify(key))
+        assert how == "built" and _answer(lib) == 42
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("damage", ["dir", "garbage"])
+def test_damaged_lock_path_is_replaced(tmp_path, damage):
+    key = cache_key("test", "bad-lock", damage)
+    c = LibraryCache(tmp_path)
+    lock = c.root / key[:2] / f"{key}.lock"
+    lock.parent.mkdir(parents=True)
+    if damage == "dir":
+        (lock / "inner").mkdir(parents=True)
+    else:
+        lock.write_bytes(b"\xff" * 100)
+    lib, how = c.load_or_build(key, _builder(key), _verify(key))
+    assert how == "built" and _answer(lib) == 42
+    assert LibraryCache(tmp_path).load_or_build(key, _builder(key, answer=1), _verify(key))[1] == "disk"

@@ -14,7 +14,14 @@ a rebuilt entry must not be answered with the stale handle of the file it replac
   `verify(lib)` (it checks the embedded key and the entry points) must accept it; a corrupt or
   truncated entry is rebuilt, not trusted.
 * Two processes compiling the same key serialize on a lock file (`fcntl.flock`); the second
-  finds the first's entry and loads it.
+  finds the first's entry and loads it. A lock file is never trusted for more than that: its
+  content is ignored, a lock path that is not a regular file is replaced, and a lock held
+  longer than `lock_timeout` seconds (a hung process) is given up on: the build goes ahead
+  unlocked, which is safe because entries are committed by atomic renames.
+* Any bytes in any file of an entry (garbage, truncation, another encoding, a valid library of
+  another key) fail one of the checks above and the entry is rebuilt; a path of the wrong type
+  (a file where a directory belongs) is removed first. `novaforge cache verify` runs the same
+  checks over the whole cache (`cache/admin.py`).
 
 Invariant: `load_or_build` returns a library whose bytes are exactly what was built for `key`
 (or raises); it never returns a partially written or foreign library.
@@ -31,10 +38,14 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .. import settings
+from .. import logs, settings
+
+_log = logs.get_logger("cache")
+LOCK_TIMEOUT_S = 600.0  # no build takes this long: a lock held longer belongs to a hung process
 
 
 def _version() -> str:
@@ -56,10 +67,14 @@ def default_root() -> Path:
 
 
 def _makedirs(path: Path) -> None:
-    """Create path and missing parents, each user-only (mkdir's `parents` would ignore the mode)."""
+    """Create path and missing parents, each user-only (mkdir's `parents` would ignore the mode);
+    a non-directory in the way inside the cache is removed (it can only be damage)."""
     missing = []
     p = path
-    while not p.exists():
+    while not p.is_dir():
+        if p.exists() or p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.unlink()
         missing.append(p)
         p = p.parent
     for d in reversed(missing):
@@ -89,14 +104,53 @@ def _atomic_write(path: Path, data: str) -> None:
         raise
 
 
+def _open_lock(path: Path) -> int | None:
+    for _ in range(2):
+        try:
+            return os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:  # a directory or an unreadable file in the lock's place: replace it
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+    return None
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """os.replace, after removing a directory that damage left at `dst`."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst, ignore_errors=True)
+    os.replace(src, dst)
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+def _locked(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[bool]:
+    """Hold `path`'s flock; yields False (no lock) if it cannot be had within `timeout`."""
+    fd = _open_lock(path)
+    if fd is None:
+        _log.warning("cannot create the lock file %s: building without it", path)
+        yield False
+        return
+    held = False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    _log.warning("lock %s held for more than %.0f s: building without it", path, timeout)
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        yield held
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
@@ -114,8 +168,9 @@ class CacheStats:
 class LibraryCache:
     """Shared libraries by key; one instance per (root, kind)."""
 
-    def __init__(self, root: Path | None = None, kind: str = "cpu") -> None:
+    def __init__(self, root: Path | None = None, kind: str = "cpu", lock_timeout: float = LOCK_TIMEOUT_S) -> None:
         self.root = (root or default_root()) / kind
+        self.lock_timeout = lock_timeout
         self._memory: dict[str, ctypes.CDLL] = {}
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -130,10 +185,14 @@ class LibraryCache:
     def _load_entry(self, key: str, verify: Callable[[ctypes.CDLL], bool]) -> ctypes.CDLL | None:
         d = self.entry_dir(key)
         meta_path = d / "meta.json"
+        if not d.exists():
+            return None
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(meta_path.read_bytes())
             name = str(meta["lib"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):  # missing, garbage, another encoding
+            if meta_path.exists() or not d.is_dir():
+                self._discard(d)
             return None
         if "/" in name or not name.startswith("lib-") or not name.endswith(".so"):
             self._discard(d)
@@ -154,10 +213,19 @@ class LibraryCache:
         return lib
 
     def _discard(self, d: Path) -> None:
-        """Move a bad entry out of the way (never delete files another process may map)."""
+        """Move a bad entry out of the way: its commit record goes, so it is rebuilt (the library
+        file stays until superseded: another process may have it mapped)."""
         self.stats.rebuilt_corrupt += 1
+        _log.info("corrupt cache entry %s: rebuilding it", d)
         with contextlib.suppress(OSError):
-            (d / "meta.json").unlink()
+            if d.is_dir():
+                meta = d / "meta.json"
+                if meta.is_dir() and not meta.is_symlink():
+                    shutil.rmtree(meta)
+                else:
+                    meta.unlink()
+            else:
+                d.unlink()
 
     def load_or_build(self, key: str, build: Callable[[Path], tuple[Path, list[Path]]],
                       verify: Callable[[ctypes.CDLL], bool]) -> tuple[ctypes.CDLL, str]:
@@ -169,14 +237,17 @@ class LibraryCache:
             lib = self._memory.get(key)
             if lib is not None:
                 self.stats.memory_hits += 1
+                _log.debug("%s %s: memory hit", self.root.name, key[:16])
                 return lib, "memory"
             _makedirs(self.root / key[:2])
             lib = self._load_entry(key, verify)
             if lib is not None:
                 self.stats.disk_hits += 1
                 self._memory[key] = lib
+                _log.info("%s %s: disk hit", self.root.name, key[:16])
                 return lib, "disk"
-            with _locked(self.root / key[:2] / f"{key}.lock"):
+            t0 = time.perf_counter()
+            with _locked(self.root / key[:2] / f"{key}.lock", self.lock_timeout):
                 lib = self._load_entry(key, verify)  # another process may have built it meanwhile
                 how = "disk"
                 if lib is None:
@@ -185,6 +256,8 @@ class LibraryCache:
             if how == "disk":
                 self.stats.disk_hits += 1
             self._memory[key] = lib
+            _log.info("%s %s: %s in %.2f s", self.root.name, key[:16], "miss, built" if how == "built" else
+                      "disk hit after waiting for another process", time.perf_counter() - t0)
             return lib, how
 
     def _build(self, key: str, build: Callable[[Path], tuple[Path, list[Path]]],
@@ -196,10 +269,10 @@ class LibraryCache:
         _makedirs(d)
         _makedirs(d / "src")
         for s in sources:
-            os.replace(s, d / "src" / s.name)
+            _replace(s, d / "src" / s.name)
         digest = _sha256(lib_tmp)
         name = f"lib-{digest[:16]}.so"
-        os.replace(lib_tmp, d / name)
+        _replace(lib_tmp, d / name)
         meta = {"key": key, "version": _version(), "lib": name, "size": (d / name).stat().st_size, "sha256": digest}
         _atomic_write(d / "meta.json", json.dumps(meta, indent=1))
         for old in d.glob("lib-*.so"):  # superseded builds (another process may still map them: unlink is safe)

@@ -2,9 +2,11 @@
 
 Invariant: a cached library is only ever used for exactly the sources, flags, compiler and CPU
 it was built from (all part of its file name), it is written with an atomic rename, and it is
-verified (size + sha256 sidecar) before being loaded; anything that fails verification or
-loading is rebuilt, never trusted. Generated C++ can `#include "nf_gemm.h"` from
-`include_dir()` and link `library_path()` (or compile `source_files()` itself).
+verified before being loaded against its sidecar `<name>.sha256` ("<sha256> <size> <build
+key>", ASCII); anything that fails verification or loading (any bytes in either file: garbage,
+truncation, another encoding, the files of another build key) is rebuilt, never trusted.
+Generated C++ can `#include "nf_gemm.h"` from `include_dir()` and link `library_path()` (or
+compile `source_files()` itself).
 
 Environment: NOVAFORGE_CACHE_DIR (default ~/.cache/novaforge), CXX (default g++),
 NOVAFORGE_GEMM_ISA = native (default) | avx2 (no AVX-512 even where present) | generic.
@@ -17,6 +19,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -96,12 +99,43 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _verified(so: Path) -> bool:
-    side = so.with_suffix(".sha256")
+def _sidecar(digest: str, size: int, key: str) -> str:
+    return f"{digest} {size} {key}\n"
+
+
+def _key_of(so: Path) -> str:
+    """The build key in a library's file name (`libnf_gemm-<isa>-<key>.so`)."""
+    return so.stem.rsplit("-", 1)[-1]
+
+
+def verify_library(so: Path) -> str:
+    """'' when `so` and its sidecar agree (size, sha256, the build key of the file name), else why
+    not. Reads bytes only: nothing in the files can raise here."""
     try:
-        return so.is_file() and side.read_text().strip() == _sha256(so)
+        if not so.is_file():
+            return "missing"
+        raw = so.with_suffix(".sha256").read_bytes()
     except OSError:
-        return False
+        return "no sidecar"
+    try:
+        digest, size, key = raw.decode("ascii").split()
+        size_n = int(size)
+    except (UnicodeDecodeError, ValueError):
+        return "unreadable sidecar"
+    if key != _key_of(so):
+        return "sidecar of another build"
+    try:
+        if so.stat().st_size != size_n:
+            return "size mismatch"
+        if _sha256(so) != digest:
+            return "sha256 mismatch"
+    except OSError:
+        return "unreadable library"
+    return ""
+
+
+def _verified(so: Path) -> bool:
+    return verify_library(so) == ""
 
 
 def library_path(isa: str | None = None, extra: tuple[str, ...] = ()) -> Path:
@@ -163,7 +197,10 @@ def _compile(so: Path, isa: str, extra: tuple[str, ...]) -> None:
                 raise RuntimeError(f"nf_gemm link failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         digest = _sha256(Path(tmp))
         side_tmp = tmp + ".sha256"
-        Path(side_tmp).write_text(digest)
+        Path(side_tmp).write_text(_sidecar(digest, Path(tmp).stat().st_size, _key_of(so)))
+        for dst in (so, so.with_suffix(".sha256")):  # damage may have left a directory in the way
+            if dst.is_dir() and not dst.is_symlink():
+                shutil.rmtree(dst, ignore_errors=True)
         os.replace(tmp, so)
         os.replace(side_tmp, so.with_suffix(".sha256"))
     finally:
