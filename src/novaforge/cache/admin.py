@@ -23,6 +23,7 @@ loaded is safe (its mapping survives the unlink) and only costs a rebuild.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import re
@@ -51,20 +52,16 @@ class Entry:
     def size(self) -> int:
         total = 0
         for f in self.files:
-            try:
+            with contextlib.suppress(OSError):
                 total += f.stat().st_size
-            except OSError:
-                pass
         return total
 
     @property
     def mtime(self) -> float:
         times = []
         for f in self.files or [self.path]:
-            try:
+            with contextlib.suppress(OSError):
                 times.append(f.stat().st_mtime)
-            except OSError:
-                pass
         return max(times, default=0.0)
 
     def remove(self) -> None:
