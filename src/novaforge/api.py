@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from . import logs, settings
 from .frontend import pytrees
-from .frontend.capture import Captured, capture
+from .frontend.capture import Captured, capture, has_meta_state
 from .ir import Graph
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime.interpret import interpret
@@ -116,6 +116,19 @@ class CompiledModule:
     def stats(self) -> CompileStats | None:
         return self.last_stats
 
+    def compile_only(self, *args: Any, **kwargs: Any) -> CompileStats:
+        """Capture, optimize and generate/build the program for these inputs without running it
+        and without data: parameters, buffers and inputs may be on the meta device (a model
+        built under `torch.device("meta")`), and no arena or constant is allocated. Returns
+        the compile stats (graph, pass records, kernels, program)."""
+        from .generation import capturing
+
+        with capturing():
+            stats = compile_graph(self.fn, args, kwargs, freeze=False, backend=self.backend,
+                                  options={**self.options, "compile_only": True})
+        self.last_stats = stats
+        return stats
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The model's `generate` with every forward call compiled (transformers models; a
         static KV cache by default, so decoding builds a bounded number of programs: see
@@ -144,6 +157,7 @@ class _Entry:
         self.n_out = len(g.outputs)
         self.mut_targets = self._mutation_targets(g)
         self.frozen = [(t, t._version) for t in self.captured.frozen]
+        self.compile_only = any(t.device.type == "meta" for t in self.captured.param_refs)
         spec = self.captured.out_spec
         self.out_is_leaf = self.n_out == 1 and spec is not None and spec.is_leaf()
 
@@ -163,6 +177,9 @@ class _Entry:
         return [pos[old] for old, _ in g.mutations]
 
     def run(self, tensors: list[torch.Tensor], objs: list[Any], needs_grad: bool) -> Any:
+        if self.compile_only:
+            raise RuntimeError("this model's parameters or buffers are on the meta device (no data): its program "
+                               "can be compiled and inspected (compile_only, explain) but not run")
         refs = self.captured.param_refs
         bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.binding]
         if needs_grad or self.stats.program is None:
@@ -206,6 +223,24 @@ def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:
     return all(t.device.type == "cpu" for t in leaves if isinstance(t, torch.Tensor))
 
 
+def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: dict[str, Any],
+                    fake: bool) -> Captured:
+    """capture(), or its result from the captured-graph cache (frontend/graph_cache.py)."""
+    from .frontend import graph_cache
+
+    mode = options.get("capture", "fx")
+    key = None
+    if not fake and mode == "fx" and graph_cache.enabled(options):
+        key = graph_cache.key_for(fn, pytrees.flatten((tuple(args), dict(kwargs))), freeze, options)
+        hit = graph_cache.load(key, fn) if key is not None else None
+        if hit is not None:
+            return hit
+    captured = capture(fn, args, kwargs, freeze=freeze, mode=mode, fake=fake)
+    if key is not None:
+        graph_cache.store(key, captured, fn)
+    return captured
+
+
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
                   options: dict[str, Any]) -> CompileStats:
     """Capture, optimize and build a program for one input signature (with its log topics,
@@ -228,8 +263,9 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
         from .codegen.cpu.gemm.build import start_background_build
 
         start_background_build()  # the GEMM library compiles while the model is captured
+    fake = bool(options.get("compile_only")) or has_meta_state(fn)
     with torch.no_grad() if freeze else contextlib.nullcontext():
-        captured = capture(fn, args, kwargs, freeze=freeze, mode=options.get("capture", "fx"))
+        captured = _capture_cached(fn, args, kwargs, freeze, options, fake)
     t1 = time.perf_counter()
     chosen = resolve_backend(backend, captured.graph)
     from .codegen.registry import get_backend

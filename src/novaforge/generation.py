@@ -77,7 +77,8 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
     gen_config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
     chose_cache = ("past_key_values" in kwargs or "cache_implementation" in kwargs
                    or getattr(gen_config, "cache_implementation", None) is not None)
-    if not chose_cache and compiled.options.get("generate_cache", "static") == "static" and static_cache_supported(model):
+    static = compiled.options.get("generate_cache", "static") == "static"
+    if not chose_cache and static and static_cache_supported(model):
         kwargs["cache_implementation"] = "static"
     kwargs.setdefault("disable_compile", True)
     with forward_replaced(model, compiled):

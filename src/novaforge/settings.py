@@ -100,3 +100,8 @@ def progress_enabled() -> bool:
     if v not in ("0", "1", ""):
         raise ValueError(f"NOVAFORGE_PROGRESS={v!r}; expected 0 or 1")
     return v != "0"
+
+
+def graph_cache_enabled() -> bool:
+    """$NOVAFORGE_GRAPH_CACHE=0 turns off the captured-graph cache (default on)."""
+    return _get("NOVAFORGE_GRAPH_CACHE", "1") != "0"

@@ -100,20 +100,32 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
 CAPTURE_MODES = ("fx", "export")
 
 
+def has_meta_state(module: Any) -> bool:
+    """Whether a module's parameters or buffers live on the meta device (no data: compile only)."""
+    if not isinstance(module, torch.nn.Module):
+        return False
+    return any(t.device.type == "meta" for t in (*module.parameters(), *module.buffers()))
+
+
 def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False,
-            mode: str = "fx") -> Captured:
+            mode: str = "fx", fake: bool = False) -> Captured:
     """Capture `module(*args, **kwargs)`. mode 'fx' (default, fast: see capture_fx.py) or
-    'export' (torch.export)."""
+    'export' (torch.export). fake=True traces without data (parameters, buffers and inputs as
+    fake tensors, meta ones placed on the CPU): for compile-only use, the graph has no
+    frozen constants."""
     if mode not in CAPTURE_MODES:
         raise ValueError(f"capture mode must be one of {CAPTURE_MODES}, got {mode!r}")
     kwargs = kwargs or {}
     mod = module if isinstance(module, torch.nn.Module) else _FnModule(module)
     if not isinstance(module, torch.nn.Module):
         _keep_source_lines_of(module)
+    if fake and mode != "fx":
+        raise ValueError("compiling without data (meta parameters, compile_only) needs capture='fx'")
     if mode == "fx":
         from .capture_fx import capture_fx
 
-        return capture_fx(mod, tuple(args), kwargs, freeze=freeze, is_function=not isinstance(module, torch.nn.Module))
+        return capture_fx(mod, tuple(args), kwargs, freeze=freeze and not fake,
+                          is_function=not isinstance(module, torch.nn.Module), fake=fake)
     t0 = time.perf_counter()
     ep = _export(mod, tuple(args), kwargs)
     t1 = time.perf_counter()

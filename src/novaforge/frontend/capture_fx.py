@@ -9,9 +9,10 @@ How it works: parameters, buffers and the tensor leaves of the call's (args, kwa
 the traced function's inputs, in that order; non-tensor leaves are specialized (they are part
 of the runtime guard). Leaves come from `pytrees.flatten`, which also opens transformers cache
 objects, so a KV cache passed in or returned is a set of graph inputs and outputs.
-`torch.func.functionalize` turns in-place updates of inputs into trailing `copy_(input, value)` nodes, which become `Graph.mutations` (buffer updates, user
-input mutations). The output structure is recorded during tracing (`pytrees.Spec`, including
-which results are the call's own input objects or tensors) and rebuilt at run time.
+`torch.func.functionalize` turns in-place updates of inputs into trailing `copy_(input,
+value)` nodes, which become `Graph.mutations` (buffer updates, user input mutations). The
+output structure is recorded during tracing (`pytrees.Spec`, including which results are the
+call's own input objects or tensors) and rebuilt at run time.
 Invariant: the same as capture.py's — the graph computes what the module computes for inputs
 of the captured signature, or capture raises a clear error.
 """
@@ -58,7 +59,21 @@ def _decompositions() -> dict:
     return get_decompositions([torch.ops.aten.native_batch_norm.default])
 
 
-def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool):
+def _fake_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Fake tensors of the same shapes, strides and dtypes (meta ones on the CPU), no memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    out = []
+    for t in tensors:
+        device = torch.device("cpu") if t.device.type == "meta" else t.device
+        with mode:
+            out.append(torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device))
+    return out
+
+
+def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
+               fake: bool = False):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .capture import Captured, CaptureError
@@ -82,6 +97,10 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
 
     t0 = time.perf_counter()
     example = ([p.detach() for p in params.values()], list(buffers.values()), list(flat_in.leaves))
+    if fake:  # no data: trace on fake tensors (meta ones placed on the CPU)
+        n_p, n_b = len(example[0]), len(example[1])
+        fakes = _fake_copies([*example[0], *example[1], *example[2]])
+        example = (fakes[:n_p], fakes[n_p:n_p + n_b], fakes[n_p + n_b:])
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced

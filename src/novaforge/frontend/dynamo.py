@@ -55,6 +55,7 @@ class Fallback:
 
 
 FALLBACKS: list[Fallback] = []  # every fallback of this process, in order
+PROGRAMS_BUILT = [0]  # novaforge programs built by this backend in this process (tests read it)
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 
@@ -161,6 +162,8 @@ class _AtenGraphProgram:
         opts["backend"] = backend
         optimized, records = run_pipeline(graph, options=opts, target=be.target(), backend=be)
         program = be.build(optimized, opts)
+        with _FALLBACK_LOCK:
+            PROGRAMS_BUILT[0] += 1
         captured = Captured(graph, None, [], aten, ctx.externs)
         self.stats.append(CompileStats(captured, optimized, records, {}, backend, program))
         tensor_pos = [i for i, s in enumerate(specs) if s.kind == "user"]

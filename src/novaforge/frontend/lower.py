@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, Node, TensorType, Value, make_node
 from ..ir.extern import encode
-from ..ir.types import is_float, normalize_axis, normalize_device
+from ..ir.types import DTYPE_SHORT, is_float, normalize_axis, normalize_device
 
 
 def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -271,6 +271,9 @@ def lower_fx(
             if ph.users:
                 raise UnsupportedError(f"input {ph.name}: non-tensor graph inputs are not supported")
             continue
+        bad = _unsupported_dtypes(ph.meta.get("val"))
+        if bad:
+            raise UnsupportedError(f"input {spec.name}: {bad[0]} tensors are not supported by novaforge")
         types = fake_types(ph.meta.get("val"))
         if spec.tensor is not None:
             t = TensorType.of(spec.tensor)
@@ -327,6 +330,10 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
         seq, idx = n.args
         return ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple) else None
     target = ctx.target = n.target
+    bad = _unsupported_dtypes(n.meta.get("val"))
+    if bad:
+        raise UnsupportedError(ctx.describe(f"produces {', '.join(map(str, bad))} tensors, which novaforge does not "
+                                            "compile (supported: float, integer and bool dtypes)"))
     if _is_mutating(target):
         target = _functional_form(n)
         if target is None:
@@ -349,6 +356,11 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     if target is not n.target:  # the in-place op's later readers see the new value
         ctx.env[n.args[0]] = result
     return result
+
+
+def _unsupported_dtypes(val: Any) -> list[torch.dtype]:
+    vals = val if isinstance(val, list | tuple) else [val]
+    return sorted({v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype not in DTYPE_SHORT}, key=str)
 
 
 def _returns_alias(target: Any) -> bool:

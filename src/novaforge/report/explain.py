@@ -48,10 +48,16 @@ def explain(model: Any, *args: Any, freeze: bool = True, backend: str = "auto", 
 
     compiled = model if isinstance(model, CompiledModule) else CompiledModule(
         model, freeze=freeze, backend=backend, options={"profile": True} if profile else None)
+    from ..frontend.capture import has_meta_state
+
+    no_data = has_meta_state(compiled.fn)  # parameters on the meta device: compile, never run
     with torch.no_grad():
-        compiled(*args, **kwargs)
+        if no_data:
+            compiled.compile_only(*args, **kwargs)
+        else:
+            compiled(*args, **kwargs)
     stats = compiled.stats()
-    prof = format_profile(profile_program(compiled, args, kwargs, runs)) if profile else ""
+    prof = format_profile(profile_program(compiled, args, kwargs, runs)) if profile and not no_data else ""
     return Report(stats, metrics(stats), profile=prof)
 
 

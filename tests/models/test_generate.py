@@ -1,0 +1,76 @@
+"""`generate()` compiled, as users call it: `novaforge.compile(model).generate(...)` and
+`model.forward = torch.compile(model.forward, backend="novaforge")`. Greedy tokens equal
+eager's; the number of programs built is bounded whatever the number of new tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+import novaforge
+from novaforge.frontend import dynamo as nf_dynamo
+
+from .families import build
+
+PROMPT = 8
+
+
+def _eager(model, ids, new, **kw):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, do_sample=False, **kw)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_static_cache_two_programs_for_128_tokens(name):
+    model, x, _ = build(name, batch=1, seq=PROMPT)
+    want = _eager(model, x, 128)
+    compiled = novaforge.compile(model)
+    with torch.no_grad():
+        got = compiled.generate(x, max_new_tokens=128, do_sample=False)
+    assert torch.equal(got, want)
+    assert compiled.compilations == 2  # the prefill and one decode step
+    assert "forward" not in model.__dict__  # the replaced forward is gone again
+    with torch.no_grad():
+        again = compiled.generate(x, max_new_tokens=128, do_sample=False)
+    assert torch.equal(again, want) and compiled.compilations == 2
+
+
+def test_generate_dynamic_cache_when_asked_and_batch_of_two():
+    model, x, _ = build("gpt2", batch=2, seq=PROMPT)
+    want = _eager(model, x, 6)
+    compiled = novaforge.compile(model, generate_cache="dynamic")
+    with torch.no_grad():
+        got = compiled.generate(x, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
+    assert compiled.compilations == 6  # one program per cache length until shapes are symbolic
+
+
+def test_generate_explicit_static_cache_implementation():
+    model, x, _ = build("llama", batch=1, seq=PROMPT)
+    want = _eager(model, x, 10, cache_implementation="static")
+    compiled = novaforge.compile(model)
+    with torch.no_grad():
+        got = compiled.generate(x, max_new_tokens=10, do_sample=False, cache_implementation="static")
+    assert torch.equal(got, want) and compiled.compilations == 2
+
+
+@pytest.mark.parametrize("cache", ["static", None])
+def test_generate_through_torch_compile_forward(cache):
+    torch._dynamo.reset()
+    model, x, _ = build("gpt2", batch=1, seq=PROMPT)
+    kw = {"cache_implementation": cache} if cache else {}
+    want = _eager(model, x, 12, **kw)
+    nf_dynamo.FALLBACKS.clear()
+    before = nf_dynamo.PROGRAMS_BUILT[0]
+    model.forward = torch.compile(model.forward, backend="novaforge")
+    try:
+        got = _eager(model, x, 12, **kw)
+    finally:
+        del model.forward
+    assert torch.equal(got, want)
+    assert nf_dynamo.FALLBACKS == []
+    built = nf_dynamo.PROGRAMS_BUILT[0] - before
+    assert built >= 2
+    if cache == "static":
+        assert built <= 3, built
