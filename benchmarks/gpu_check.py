@@ -1,26 +1,35 @@
-"""One-call GPU check of the Triton backend (issue 5): correctness and timings of novaforge and
-its peers in one process, sized to finish in under 8 minutes on one H200.
+"""One-call GPU check of the Triton backend (issue 14): correctness and timings of novaforge and
+its peers, sized to finish in under 8 minutes on one H200, saving results as it goes.
 
     PYTHONPATH=src python benchmarks/gpu_check.py --out $OUT              # the GPU machine
     PYTHONPATH=src python benchmarks/gpu_check.py --dry-run --out /tmp/x  # CPU, Triton interpreter, tiny shapes
 
-Parts, in order; each is guarded (a failure is recorded with its error and the script goes on)
-and skipped once the time budget (--budget, seconds) is spent:
- 1. the device, and the configurator's target description;
- 2. matmul: square 1024..8192 and the GPT-42M training shapes, TF32 (float32 inputs) and
-    bfloat16: novaforge (the configurator's choice) against torch.matmul (cuBLAS, TF32 allowed),
-    both timed as CUDA-graph replays of back-to-back calls, with ||C - C64|| / ||C64|| against a
-    float64 product of the same inputs and the geometric mean of the speedups per dtype;
- 3. inference of GPT2Model and the Llama-style model of ANCHORS.md (random weights, eval),
-    batch 16 x seq 1024, bfloat16: eager, torch.compile and novaforge -- compile time (first
-    call, empty caches), latency (median of timed calls), peak memory
-    (torch.cuda.max_memory_allocated over the timed calls) and ||y - y_eager|| / ||y_eager||;
- 4. GPT2Model in float32 with TF32 math: novaforge against eager at full float32 precision;
- 5. diagnostics: the matmul table with the other operand loader (pointer vs TMA descriptors), and
-    GPT2Model with novaforge's matmul kernels replaced by torch.matmul (cuBLAS) and unfused epilogues.
-It prints a markdown table last and writes everything to --out/gpu_check.json (and .md).
-Environment: fresh TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR / NOVAFORGE_CACHE_DIR under a
-temporary directory, so compile times are cold for every runner.
+Parts, in order (groups of parts run in their own worker process, so that a device fault --
+an illegal address poisons a CUDA context for good -- or a hang costs only its group):
+ [device]  device: versions, device properties, the target `target_from_device` reads;
+           probe: the first GPU call -- a small model compiled on the device, called three times,
+             so target_from_device, the build-time compile-and-load check (_precompile), the GPU
+             launcher and the CUDA-graph runner (eager, capture, replay) all run; prints which ran;
+           correctness: every kernel kind on small odd shapes on the device against eager
+             (pointwise, cat loads, single-pass and looped reductions, matmul IEEE/TF32/bf16,
+             persistent, TMA, batched, a pre-transposed TF32 weight, attention causal/GQA/mask,
+             gathers), and the training kernels against torch autograd;
+ [matmul]  the matmul table, pointer loader (what models use): square 1024..8192 and the GPT-42M
+           training GEMMs (projections, LM head and its dX / dW), TF32 (float32 inputs) and bf16,
+           with `b.T` rows (B given as [N, K]: K-major, what TF32 wgmma reads); novaforge (the
+           configurator's choice, and the other one-tile/persistent form where the model chose
+           persistent) against torch.matmul (cuBLAS), CUDA-graph-timed, ||C - C64|| / ||C64||;
+ [model *] GPT2Model and the Llama-style model (ANCHORS.md), batch 16 x 1024, bf16: eager,
+           torch.compile, novaforge, in that order in one process per model -- compile time, latency,
+           peak memory, difference vs eager, novaforge's fallbacks; then GPT2Model in float32/TF32
+           (accuracy) and with cuBLAS matmuls (matmul_executor="torch", a comparison point);
+ [tma]     the matmul table with the TMA loader (Hopper), in a fresh process (fresh kernels);
+ [training] GPT-42M training steps -- a hook (TRAINING below) for the training compiler.
+Every row and part is written to --out/parts/*.json when it completes; --out/gpu_check.json and
+gpu_check.md (the tables; fallbacks to torch are shown as such, never as timings) are rewritten
+after each group. Caches (Triton, Inductor, novaforge) are fresh per group, so compile times are
+cold for every runner. --budget: no new group or row after it; --limit: workers are killed so
+the whole call ends by then.
 """
 
 from __future__ import annotations
@@ -30,73 +39,130 @@ import gc
 import json
 import math
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
-T0 = time.perf_counter()
+T0 = time.time()
 
-MATMULS = [("square1024", 1024, 1024, 1024), ("square2048", 2048, 2048, 2048), ("square4096", 4096, 4096, 4096),
-           ("square8192", 8192, 8192, 8192), ("gpt42m_qkv", 16384, 1536, 512), ("gpt42m_fc", 16384, 2048, 512),
-           ("gpt42m_proj", 16384, 512, 2048), ("gpt42m_head", 16384, 32000, 512)]
-DRY_MATMULS = [("odd", 37, 45, 29), ("square64", 64, 64, 64)]
+# (name, M, N, K, layout): a@b (both row-major), a@b.T (B given as [N, K]), a.T@b (A given as [K, M])
+MATMULS = [("square1024", 1024, 1024, 1024, "a@b"), ("square2048", 2048, 2048, 2048, "a@b"),
+           ("square4096", 4096, 4096, 4096, "a@b"), ("square4096", 4096, 4096, 4096, "a@b.T"),
+           ("square8192", 8192, 8192, 8192, "a@b"), ("square8192", 8192, 8192, 8192, "a@b.T"),
+           ("gpt42m_qkv", 16384, 1536, 512, "a@b.T"), ("gpt42m_fc", 16384, 2048, 512, "a@b.T"),
+           ("gpt42m_proj", 16384, 512, 2048, "a@b.T"), ("gpt42m_head", 16384, 32000, 512, "a@b.T"),
+           ("gpt42m_head_dX", 16384, 512, 32000, "a@b"), ("gpt42m_head_dW", 32000, 512, 16384, "a.T@b")]
+DRY_MATMULS = [("odd", 37, 45, 29, "a@b"), ("odd", 37, 45, 29, "a@b.T"), ("square64", 64, 64, 64, "a.T@b")]
+DRY_TMA = DRY_MATMULS[2:]  # 16-byte aligned: the TMA loader applies
+
+GROUPS = [("device", ["device", "probe", "correctness"], 150), ("matmul", ["matmul"], 170),
+          ("model gpt2", ["model gpt2"], 150), ("model llama", ["model llama"], 150),
+          ("model gpt2 variants", ["model gpt2 tf32", "model gpt2 cublas matmuls"], 120),
+          ("tma", ["matmul tma"], 110), ("training", ["training"], 150)]
+TRAINING = None  # the training compiler's hook: fn(check) -> dict of steps vs eager / torch.compile
+
+
+def groups(dry: bool) -> list[tuple[str, list[str], float]]:
+    """The worker groups; a dry run (tiny models) runs the three model groups in one worker."""
+    if not dry:
+        return GROUPS
+    models = [p for g, ps, _ in GROUPS if g.startswith("model") for p in ps]
+    out = [g for g in GROUPS if not g[0].startswith("model")]
+    out.insert(2, ("models", models, 300))
+    return out
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for gpu_check.json / gpu_check.md")
+    p.add_argument("--out", required=True, help="directory for gpu_check.json / gpu_check.md / parts/")
     p.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes (a test of the script)")
-    p.add_argument("--budget", type=float, default=420.0, help="seconds after which remaining parts are skipped")
+    p.add_argument("--budget", type=float, default=420.0, help="seconds after which no new group or row starts")
+    p.add_argument("--limit", type=float, default=470.0, help="seconds after which running workers are killed")
+    p.add_argument("--group-timeout", type=float, default=0.0, help="cap on every group's seconds (0: per group)")
+    p.add_argument("--parts", default="", help="comma-separated part names to run (default: all)")
     p.add_argument("--skip-models", action="store_true")
     p.add_argument("--skip-compile", action="store_true", help="do not run torch.compile")
+    p.add_argument("--inject-fault", default="", help="tests: comma-separated PART:crash / PART:hang faults")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    p.add_argument("--t0", type=float, default=0.0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
+def slug(name: str) -> str:
+    return name.replace(" ", "_").replace(".", "")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# ===================================================================================== worker
+
+
 class Check:
+    """One worker: runs the parts of one group, writing each part's JSON as it goes."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
-        self.args = args
-        self.dry = args.dry_run
-        self.torch = torch
+        self.args, self.torch, self.dry = args, torch, args.dry_run
         self.dev = "cpu" if self.dry else "cuda"
-        self.results: dict[str, Any] = {"dry_run": self.dry, "parts": {}, "errors": {}, "skipped": []}
+        self.t0 = args.t0 or T0
+        self.parts_dir = Path(args.out) / "parts"
+        self.broken = ""  # set when the device context is lost: later parts of this worker are skipped
 
-    # -- bookkeeping --------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.perf_counter() - T0
+        return time.time() - self.t0
 
-    def part(self, name: str, fn, *a) -> Any:
-        if self.elapsed() > self.args.budget:
-            print(f"## {name}: skipped (time budget spent at {self.elapsed():.0f} s)", flush=True)
-            self.results["skipped"].append(name)
-            return None
+    def over_budget(self) -> bool:
+        return self.elapsed() > self.args.budget
+
+    def save(self, name: str, result: dict[str, Any]) -> None:
+        write_json(self.parts_dir / f"{slug(name)}.json", {"name": name, **result})
+
+    def run_part(self, name: str) -> None:
+        faults = set(self.args.inject_fault.split(","))
+        if self.broken:
+            self.save(name, {"status": "error", "error": f"skipped: device context lost ({self.broken[:300]})"})
+            return
         print(f"## {name} (t={self.elapsed():.0f} s)", flush=True)
+        if f"{name}:crash" in faults:
+            os._exit(134)  # a device fault that kills the process
+        if f"{name}:hang" in faults:
+            time.sleep(3600)
+        t = time.perf_counter()
         try:
-            out = fn(*a)
-            self.results["parts"][name] = out
-            return out
+            out = PARTS[name](self)
+            self.save(name, {"status": "ok", "seconds": time.perf_counter() - t, "result": out})
         except Exception as e:  # record and continue: one broken part must not hide the others
             traceback.print_exc()
-            self.results["errors"][name] = f"{type(e).__name__}: {e}"[:2000]
-            return None
-        finally:
-            self.free()
+            self.save(name, {"status": "error", "seconds": time.perf_counter() - t,
+                             "error": f"{type(e).__name__}: {e}"[:2000]})
+        self.free()
 
     def free(self) -> None:
+        """Release memory; a synchronize that fails means the context is lost (never raises)."""
         gc.collect()
-        if not self.dry:
+        if self.dry or self.broken:
+            return
+        try:
             self.torch.cuda.synchronize()
             self.torch.cuda.empty_cache()
+        except Exception as e:
+            self.broken = f"{type(e).__name__}: {e}"
 
     def sync(self) -> None:
         if not self.dry:
             self.torch.cuda.synchronize()
 
-    # -- timing -------------------------------------------------------------------------------
     def time_call(self, fn, iters: int) -> list[float]:
         """Wall times of `iters` calls, each synchronized (latency as a user sees it)."""
         out = []
@@ -139,225 +205,497 @@ class Check:
         del g
         return statistics.median(times)
 
-    # -- parts --------------------------------------------------------------------------------
-    def device(self) -> dict[str, Any]:
-        torch = self.torch
-        import triton
 
-        from novaforge.codegen.registry import get_backend
+def rel(got, want) -> float:
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
-        be = get_backend("triton")
-        info = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-                "target": str(be.target()), "backend": be.hash()}
-        if not self.dry:
-            p = torch.cuda.get_device_properties(0)
-            info.update(name=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
-        try:
-            import transformers
 
-            info["transformers"] = transformers.__version__
-        except ImportError:
-            info["transformers"] = None
-        print(json.dumps(info, indent=1), flush=True)
-        return info
+# ----------------------------------------------------------------------------- device parts
 
-    def matmul_table(self, loader: str = "auto") -> dict[str, Any]:
-        torch = self.torch
-        import novaforge
 
-        rows = []
-        shapes = DRY_MATMULS if self.dry else MATMULS
-        for dtype, kind in ((torch.float32, "tf32"), (torch.bfloat16, "bf16")):
-            for name, m, n, k in shapes:
-                if self.elapsed() > self.args.budget:
-                    self.results["skipped"].append(f"matmul {loader} {kind} {name}")
-                    continue
-                row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k, "dtype": kind, "loader": loader}
-                try:
-                    g = torch.Generator(device=self.dev).manual_seed(1000 + m + n + k)
-                    a = torch.randn(m, k, device=self.dev, generator=g).to(dtype)
-                    b = torch.randn(k, n, device=self.dev, generator=g).to(dtype)
-                    ref = a.double() @ b.double()
-                    ref_norm = ref.norm().item()
-                    torch.set_float32_matmul_precision("high")  # cuBLAS TF32 for the float32 peer
-                    t = time.perf_counter()
-                    c = novaforge.compile(_mm, backend="triton", cuda_graphs=False, matmul_loader=loader)
-                    out = c(a, b)
-                    self.sync()
-                    row["nf_compile_s"] = time.perf_counter() - t
-                    prog = c.stats().program
-                    step = prog.steps[0] if len(prog.steps) == 1 and prog.steps[0].kind == "triton" else None
-                    if step is not None:  # poison the output: every element must be written
-                        out = torch.full((m, n), float("nan"), dtype=dtype, device=self.dev)
-                        step.launch(a, b, out)
-                        self.sync()
-                        row["schedule"] = prog.kernels[0].schedule.key()
-                    row["nf_rel_err"] = ((out.double() - ref).norm().item() / ref_norm)
-                    row["nf_finite"] = bool(torch.isfinite(out).all().item())
-                    del out
-                    ct = torch.matmul(a, b)
-                    row["torch_rel_err"] = ((ct.double() - ref).norm().item() / ref_norm)
-                    del ref
-                    row["nf_s"] = self.time_replay(lambda p=prog, a=a, b=b: p.run_eager([a, b]))
-                    row["torch_s"] = self.time_replay(lambda a=a, b=b, ct=ct: torch.matmul(a, b, out=ct))
-                    flops = 2.0 * m * n * k
-                    row["nf_tflops"] = flops / row["nf_s"] / 1e12
-                    row["torch_tflops"] = flops / row["torch_s"] / 1e12
-                    row["speedup"] = row["torch_s"] / row["nf_s"]
-                    del a, b, ct, c, prog, step
-                except Exception as e:
-                    traceback.print_exc()
-                    row["error"] = f"{type(e).__name__}: {e}"[:500]
-                finally:
-                    torch.set_float32_matmul_precision("highest")
-                    self.free()
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-        summary = {}
-        for kind in ("tf32", "bf16"):
-            sp = [r["speedup"] for r in rows if r["dtype"] == kind and "speedup" in r]
-            errs = [r["nf_rel_err"] for r in rows if r["dtype"] == kind and "nf_rel_err" in r]
-            summary[kind] = {"geomean_speedup": math.exp(sum(map(math.log, sp)) / len(sp)) if sp else None,
-                             "max_rel_err": max(errs) if errs else None, "measured": len(sp)}
-        print(json.dumps(summary), flush=True)
-        return {"rows": rows, "summary": summary}
+def part_device(chk: Check) -> dict[str, Any]:
+    torch = chk.torch
+    import triton
 
-    def make_model(self, name: str, dtype):
-        torch = self.torch
+    from novaforge.codegen.registry import get_backend
+    from novaforge.schedule import gpu as sched_gpu
+
+    info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
+                            "python": sys.version.split()[0], "backend": get_backend("triton").hash()}
+    if not chk.dry:
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1),
+                    capability=list(torch.cuda.get_device_capability()),
+                    smem_per_block_optin=getattr(p, "shared_memory_per_block_optin", None))
+    t = sched_gpu.default_target()
+    info["target"], info["target_source"] = str(t), t.source
+    try:
         import transformers
 
-        if self.dry:
-            cfgs = {"gpt2": transformers.GPT2Config(use_cache=False, n_layer=1, n_embd=32, n_head=2, vocab_size=97,
-                                                    n_positions=32),
-                    "llama": transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                      num_key_value_heads=2, intermediate_size=48, vocab_size=97,
-                                                      use_cache=False)}
-            batch, seq = 1, 8
-        else:
-            cfgs = {"gpt2": transformers.GPT2Config(use_cache=False),
-                    "llama": transformers.LlamaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                      num_key_value_heads=4, intermediate_size=2048, vocab_size=32000,
-                                                      use_cache=False)}
-            batch, seq = 16, 1024
-        cfg = cfgs[name]
-        torch.manual_seed(0)
-        model = transformers.AutoModel.from_config(cfg).eval().to(device=self.dev, dtype=dtype)
-        g = torch.Generator(device="cpu").manual_seed(0)
-        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(self.dev)
-        return model, ids
-
-    def peak_reset(self) -> None:
-        if not self.dry:
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def peak(self) -> float | None:
-        return None if self.dry else self.torch.cuda.max_memory_allocated() / 2**30
-
-    def run_model(self, name: str, dtype_name: str = "bf16", runners=("eager", "torch.compile", "novaforge"),
-                  tf32: bool = False, nf_options: dict[str, Any] | None = None) -> dict[str, Any]:
-        torch = self.torch
-        import novaforge
-
-        dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
-        model, ids = self.make_model(name, dtype)
-        iters = 1 if self.dry else 10
-        res: dict[str, Any] = {"model": name, "dtype": dtype_name, "batch_x_seq": list(ids.shape),
-                               "nf_options": nf_options or {}}
-
-        def last(out):
-            return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-
-        with torch.no_grad():
-            torch.set_float32_matmul_precision("highest")
-            self.peak_reset()
-            ref = last(model(ids)).float()
-            res["eager"] = {"latency_s": statistics.median(self.time_call(lambda m=model, x=ids: m(x), iters)),
-                            "peak_gib": self.peak()}
-            print(name, "eager", json.dumps(res["eager"]), flush=True)
-            for runner in runners:
-                if runner == "eager":
-                    continue
-                if self.elapsed() > self.args.budget:
-                    res[runner] = {"skipped": "time budget"}
-                    continue
-                if runner == "torch.compile" and (self.dry or self.args.skip_compile):
-                    res[runner] = {"skipped": "dry run" if self.dry else "--skip-compile"}
-                    continue
-                r: dict[str, Any] = {}
-                try:
-                    if tf32:
-                        torch.set_float32_matmul_precision("high")
-                    self.free()
-                    self.peak_reset()
-                    t = time.perf_counter()
-                    if runner == "torch.compile":
-                        fn = torch.compile(model)
-                        out = last(fn(ids))
-                    else:
-                        fn, out = _nf_compile(novaforge, model, ids, tf32, nf_options or {})
-                        out = last(out)
-                        r["times"] = {k: round(v, 3) for k, v in fn.stats().times.items()}
-                        prog = fn.stats().program
-                        r["steps"] = dict(_count(s.kind for s in prog.steps))
-                    self.sync()
-                    r["compile_s"] = time.perf_counter() - t
-                    r["peak_first_call_gib"] = self.peak()
-                    out = out.float()
-                    r["rel_diff"] = ((out - ref).norm() / ref.norm()).item()
-                    r["max_abs_diff"] = (out - ref).abs().max().item()
-                    del out
-                    t = time.perf_counter()
-                    fn(ids)  # novaforge: the CUDA graph is captured here
-                    self.sync()
-                    r["second_call_s"] = time.perf_counter() - t
-                    self.peak_reset()
-                    r["latency_s"] = statistics.median(self.time_call(lambda fn=fn, x=ids: fn(x), iters))
-                    r["peak_gib"] = self.peak()
-                    again = last(fn(ids)).float()
-                    r["rel_diff_replay"] = ((again - ref).norm() / ref.norm()).item()
-                    del again, fn
-                except Exception as e:
-                    traceback.print_exc()
-                    r["error"] = f"{type(e).__name__}: {e}"[:1000]
-                finally:
-                    torch.set_float32_matmul_precision("highest")
-                    if runner == "torch.compile":
-                        torch._dynamo.reset()
-                    self.free()
-                res[runner] = r
-                print(name, runner, json.dumps(r), flush=True)
-        e, n, c = res["eager"], res.get("novaforge", {}), res.get("torch.compile", {})
-        if "latency_s" in n and "latency_s" in c:
-            res["ratios"] = {"latency_vs_compile": n["latency_s"] / c["latency_s"],
-                             "compile_time_vs_compile": n["compile_s"] / c["compile_s"],
-                             "peak_vs_compile": (n["peak_gib"] / c["peak_gib"]) if c.get("peak_gib") else None}
-        if "latency_s" in n:
-            res.setdefault("ratios", {})["latency_vs_eager"] = n["latency_s"] / e["latency_s"]
-        del model, ids, ref
-        return res
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    print(json.dumps(info, indent=1), flush=True)
+    return info
 
 
-def _count(items) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
+def part_probe(chk: Check) -> dict[str, Any]:
+    """The first GPU call: compile a small model on the device, call it three times (eager run,
+    CUDA-graph capture, replay) and say which of the GPU-only runtime paths ran."""
+    torch = chk.torch
+    import novaforge
+    from novaforge.schedule import gpu as sched_gpu
+
+    torch.manual_seed(0)
+    d = 16 if chk.dry else 48
+    m = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d),
+                            torch.nn.LayerNorm(d), torch.nn.Softmax(-1)).to(chk.dev).eval()
+    c = novaforge.compile(m, backend="triton", freeze=True)
+    errs = []
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, 5, d, device=chk.dev) if chk.dry else torch.randn(5, 33, d, device=chk.dev)
+            errs.append(rel(c(x), m(x)))
+            chk.sync()
+    info = c.stats().program.info()
+    target = sched_gpu.target_from_device() if not chk.dry else None
+    graphs = info["cuda_graphs"]
+    ran = {"target_from_device": target is not None, "precompile": bool(info.get("precompile", {}).get("ran")),
+           "gpu_launcher": info["launcher"] == "gpu", "cuda_graph_capture": graphs["captures"] > 0,
+           "cuda_graph_replay": graphs["replays"] > 1}
+    print("probe ran: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in ran.items())
+          + f"; max rel err vs eager {max(errs):.2e}; target {target}", flush=True)
+    return {"ran": ran, "rel_err": errs, "ok": max(errs) < 1e-2, "program": info,
+            "target": str(target) if target else None}
+
+
+def _cases(torch, dev: str):
+    """(name, fn, inputs, options, tolerance against float64): every generated kernel kind on small
+    odd shapes (weights are inputs, so that fn on float64 inputs is the float64 reference; the
+    constant-weight case carries its own)."""
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cpu").manual_seed(7)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(device=dev, dtype=dtype)
+
+    bf = torch.bfloat16
+    wkn = r(29, 45)
+    table, ids = r(101, 24), torch.randint(0, 101, (3, 19), generator=g).to(dev)
+    sdpa = F.scaled_dot_product_attention
+    pad = torch.ones(2, 1, 37, 37, dtype=torch.bool, device=dev)
+    pad[0, :, :, 30:] = False
+    ieee = {"tf32": False}
+    return [
+        ("pointwise", lambda x, y: F.gelu(x, approximate="tanh") * y + 1.5, [r(37, 45), r(45)], {}, 1e-5),
+        ("cat load (rope)", lambda x, c, s: x * c + torch.cat([-x[..., 8:], x[..., :8]], -1) * s,
+         [r(3, 37, 16), r(37, 16), r(37, 16)], {}, 1e-5),
+        ("softmax single-pass", lambda x: torch.softmax(x, -1), [r(37, 333)], {}, 1e-5),
+        ("layernorm looped", lambda x: F.layer_norm(x, (9000,)), [r(3, 9000)], {"expect": "L"}, 1e-4),
+        ("sum over axis 0", lambda x: x.sum(0) * 2, [r(33, 17)], {}, 1e-5),
+        ("matmul ieee + bias relu", lambda a, w, b: F.relu(F.linear(a, w, b)), [r(37, 29), r(45, 29), r(45)], ieee,
+         1e-5),
+        ("matmul tf32", lambda a, b: a @ b, [r(65, 130), r(130, 33)], {}, 5e-4),
+        ("matmul bf16 silu gate", lambda x, y, w: F.silu(F.linear(x, w)) * y,
+         [r(2, 17, 40, dtype=bf), r(2, 17, 72, dtype=bf), r(72, 40, dtype=bf) / 6], {}, 1e-2),
+        ("matmul persistent bf16", lambda x, w: F.linear(x, w) + 1, [r(3, 37, 40, dtype=bf), r(72, 40, dtype=bf) / 6],
+         {"matmul_persistent": "on", "matmul_programs": 3, "matmul_tile": (32, 64), "matmul_subtile": 2,
+          "expect": "p3e2"}, 1e-2),
+        ("matmul tma fp32", lambda a, b: a @ b, [r(40, 32), r(32, 48)], {"matmul_loader": "tma", "expect": "tma",
+                                                                          **ieee}, 1e-5),
+        ("matmul tma bf16 b.T", lambda a, b: a @ b.t(), [r(40, 64, dtype=bf), r(48, 64, dtype=bf)],
+         {"matmul_loader": "tma", "expect": "tma"}, 1e-2),
+        ("bmm batched", torch.bmm, [r(3, 19, 24), r(3, 24, 17)], ieee, 1e-5),
+        ("tf32 constant row-major weight", lambda x: x @ wkn, [r(37, 29)],
+         {"freeze": True, "ref64": lambda x: x @ wkn.double(), "expect": "info:transposed_weights"}, 5e-4),
+        ("attention causal gqa", lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True),
+         [r(2, 4, 37, 64), r(2, 2, 37, 64), r(2, 2, 37, 64)], ieee, 1e-5),
+        ("attention bool mask bf16", lambda q, k, v, m: sdpa(q, k, v, attn_mask=m),
+         [r(2, 2, 37, 64, dtype=bf), r(2, 2, 37, 64, dtype=bf), r(2, 2, 37, 64, dtype=bf), pad], {}, 2e-2),
+        ("embedding gather", lambda i: F.embedding(i, table) * 2, [ids], {}, 1e-6),
+        ("cat of 20 pieces", lambda *xs: torch.cat(xs, 0), [r(3, 5) for _ in range(20)], {}, 0.0),
+    ]
+
+
+def _training_kernel_checks(torch, dev: str) -> list[dict[str, Any]]:
+    import torch.nn.functional as F
+
+    from novaforge.codegen.triton import attention_train as at
+    from novaforge.codegen.triton import train_kernels as tk
+
+    out = []
+
+    def record(name, fn):
+        try:
+            err = fn()
+            out.append({"name": name, "rel_err": err, "ok": err < 2e-2})
+        except Exception as e:
+            traceback.print_exc()
+            out.append({"name": name, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]})
+
+    def adamw():
+        ps = [torch.randn(s, device=dev) for s in [(37, 5), (1100,)]]
+        ref = [torch.nn.Parameter(p.clone()) for p in ps]
+        gs = [torch.randn_like(p) for p in ps]
+        for p, gr in zip(ref, gs, strict=True):
+            p.grad = gr.clone()
+        torch.optim.AdamW(ref, lr=1e-3, weight_decay=0.1, foreach=False).step()
+        tk.fused_adamw_(ps, gs, [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps], step=1,
+                        lr=1e-3, weight_decay=0.1)
+        return max(rel(p, q.detach()) for p, q in zip(ps, ref, strict=True))
+
+    def norm():
+        x = torch.randn(7, 333, device=dev, requires_grad=True)
+        w = torch.randn(333, device=dev, requires_grad=True)
+        dy = torch.randn(7, 333, device=dev)
+        F.layer_norm(x, (333,), w, None).backward(dy)
+        dx, dw, _ = tk.norm_backward(dy, x.detach(), w.detach(), None)
+        return max(rel(dx, x.grad), rel(dw, w.grad))
+
+    def ce():
+        z = torch.randn(9, 5003, device=dev, requires_grad=True)
+        t = torch.randint(0, 5003, (9,), device=dev)
+        want = F.cross_entropy(z, t)
+        want.backward()
+        loss, grad = tk.cross_entropy_forward_backward(z.detach(), t)
+        return max(abs(loss.item() - want.item()) / abs(want.item()), rel(grad, z.grad))
+
+    def flash():
+        q = torch.randn(2, 4, 37, 64, device=dev, requires_grad=True)
+        k = torch.randn(2, 2, 37, 64, device=dev, requires_grad=True)
+        v = torch.randn(2, 2, 37, 64, device=dev, requires_grad=True)
+        do = torch.randn(2, 4, 37, 64, device=dev)
+        o_ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                               is_causal=True)
+        o_ref.backward(do)
+        o, lse = at.flash_attention_forward(q.detach(), k.detach(), v.detach(), causal=True, tf32=False)
+        grads = at.flash_attention_backward(q.detach(), k.detach(), v.detach(), o, lse, do, causal=True, tf32=False)
+        return max([rel(o, o_ref)] + [rel(a, b.grad) for a, b in zip(grads, (q, k, v), strict=True)])
+
+    for name, fn in (("fused adamw", adamw), ("layernorm backward", norm), ("cross-entropy fwd+bwd", ce),
+                     ("flash attention fwd+bwd causal gqa", flash)):
+        record(name, fn)
     return out
 
 
-def _mm(a, b):
-    return a @ b
+def part_correctness(chk: Check) -> dict[str, Any]:
+    torch = chk.torch
+    import novaforge
+
+    rows = []
+    hopper = chk.dry or torch.cuda.get_device_capability() >= (9, 0)
+    for name, fn, inputs, opts, tol in _cases(torch, chk.dev):
+        if "tma" in name and not hopper:
+            continue
+        row: dict[str, Any] = {"name": name}
+        try:
+            opts = dict(opts)
+            ref64, expect = opts.pop("ref64", fn), opts.pop("expect", "")
+            c = novaforge.compile(fn, backend="triton", freeze=opts.pop("freeze", False), **opts)
+            with torch.no_grad():
+                got, want = c(*inputs), fn(*inputs)
+                want64 = ref64(*[x.double() if x.is_floating_point() else x for x in inputs])
+            chk.sync()
+            info = c.stats().program.info()
+            row.update(rel_err=rel(got, want), rel_err_fp64=rel(got, want64),
+                       kinds=sorted({k["kind"] for k in info["kernels"]}), fallbacks=info["fallbacks"])
+            scheds = " ".join(k["schedule"] for k in info["kernels"])
+            row["expected"] = (expect[5:] in info) if expect.startswith("info:") else expect in scheds
+            row["ok"] = (row["rel_err_fp64"] <= max(tol, 2 * rel(want, want64)) + 1e-7 and not info["fallbacks"]
+                         and row["expected"])
+        except Exception as e:
+            traceback.print_exc()
+            row.update(ok=False, error=f"{type(e).__name__}: {e}"[:500])
+        print(json.dumps(row, default=str)[:400], flush=True)
+        rows.append(row)
+        chk.free()
+    train = _training_kernel_checks(torch, chk.dev)
+    for r in train:
+        print(json.dumps(r)[:300], flush=True)
+    return {"cases": rows, "training_kernels": train, "ok": all(r.get("ok") for r in rows + train)}
 
 
-def _nf_compile(novaforge, model, ids, tf32: bool, options: dict[str, Any]):
-    """novaforge.compile and its first call (which compiles), with the default capture, or
-    torch.export's if that fails. Returns the compiled callable and the first call's output."""
-    fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, **options)
-    try:
-        return fn, fn(ids)
-    except novaforge.CaptureError as e:
-        print(f"default capture failed ({str(e)[:200]}); retrying with capture='export'", flush=True)
-        fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, capture="export", **options)
-        return fn, fn(ids)
+# ----------------------------------------------------------------------------- matmul table
+
+
+def _operands(torch, dev, m, n, k, layout, dtype, seed):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(k, m, device=dev, generator=g).to(dtype) if layout == "a.T@b" else \
+        torch.randn(m, k, device=dev, generator=g).to(dtype)
+    b = torch.randn(n, k, device=dev, generator=g).to(dtype) if layout == "a@b.T" else \
+        torch.randn(k, n, device=dev, generator=g).to(dtype)
+    return a, b
+
+
+MM_FNS = {"a@b": lambda a, b: a @ b, "a@b.T": lambda a, b: a @ b.t(), "a.T@b": lambda a, b: a.t() @ b}
+MM_ARGS = {"a@b": lambda a, b: (a, b), "a@b.T": lambda a, b: (a, b.t()), "a.T@b": lambda a, b: (a.t(), b)}
+
+
+def _time_novaforge(chk: Check, a, b, layout: str, flops: float, options: dict[str, Any]) -> dict[str, Any]:
+    torch = chk.torch
+    import novaforge
+
+    row: dict[str, Any] = {}
+    t = time.perf_counter()
+    c = novaforge.compile(MM_FNS[layout], backend="triton", cuda_graphs=False, **options)
+    out = c(a, b)
+    chk.sync()
+    row["compile_s"] = time.perf_counter() - t
+    prog = c.stats().program
+    info = prog.info()
+    if info["fallbacks"]:
+        row["fallback"] = "; ".join(f"{f['title']}: {f['reason']}" for f in info["fallbacks"])[:400]
+    if info["kernels"]:
+        k = info["kernels"][0]
+        sched = prog.kernels[0].schedule
+        row.update(schedule=k["schedule"], persistent=sched.persistent, shared=k.get("shared"),
+                   n_regs=k.get("n_regs"), n_spills=k.get("n_spills"),
+                   predicted_tflops=flops / sched.predicted_s / 1e12 if sched.predicted_s else None)
+        st = prog.steps[0]
+        if len(prog.steps) == 1 and st.kind == "triton" and st.args == prog.input_slots:
+            # poison the output: every element must be written
+            out = torch.full(out.shape, float("nan"), dtype=out.dtype, device=out.device)
+            st.launch(a, b, out)
+            chk.sync()
+    row["out"] = out
+    row["s"] = chk.time_replay(lambda: prog.run_eager([a, b]))
+    return row
+
+
+def matmul_table(chk: Check, loader: str) -> dict[str, Any]:
+    torch = chk.torch
+    rows: list[dict[str, Any]] = []
+    shapes = (DRY_MATMULS if loader == "pointer" else DRY_TMA) if chk.dry else MATMULS
+    part = "matmul" if loader == "pointer" else "matmul tma"
+    for dtype, kind in ((torch.float32, "tf32"), (torch.bfloat16, "bf16")):
+        for name, m, n, k, layout in shapes:
+            row: dict[str, Any] = {"shape": name, "m": m, "n": n, "k": k, "layout": layout, "dtype": kind,
+                                   "loader": loader}
+            if chk.over_budget():
+                row["skipped"] = "time budget"
+                rows.append(row)
+                continue
+            try:
+                a, b = _operands(torch, chk.dev, m, n, k, layout, dtype, 1000 + m + n + k)
+                ref = MM_FNS[layout](a.double(), b.double())
+                torch.set_float32_matmul_precision("high")  # cuBLAS TF32 for the float32 peer
+                flops = 2.0 * m * n * k
+                nf = _time_novaforge(chk, a, b, layout, flops, {"matmul_loader": loader})
+                out = nf.pop("out")
+                row.update({f"nf_{key}": v for key, v in nf.items()})
+                row["nf_rel_err"] = rel(out, ref)
+                row["nf_finite"] = bool(torch.isfinite(out).all().item())
+                del out
+                ct = MM_FNS[layout](a, b)
+                row["torch_rel_err"] = rel(ct, ref)
+                del ref
+                row["torch_s"] = chk.time_replay(lambda a=a, b=b, ct=ct, lay=layout:
+                                                 torch.matmul(*MM_ARGS[lay](a, b), out=ct))
+                row["nf_tflops"], row["torch_tflops"] = flops / row["nf_s"] / 1e12, flops / row["torch_s"] / 1e12
+                row["speedup"] = row["torch_s"] / row["nf_s"]
+                if loader == "pointer" and row.get("nf_persistent") and not chk.over_budget():
+                    alt = _time_novaforge(chk, a, b, layout, flops, {"matmul_loader": loader,
+                                                                     "matmul_persistent": "off"})
+                    alt.pop("out")
+                    row["one_tile_schedule"], row["one_tile_tflops"] = alt.get("schedule"), flops / alt["s"] / 1e12
+                del a, b, ct
+            except Exception as e:
+                traceback.print_exc()
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+            finally:
+                torch.set_float32_matmul_precision("highest")
+                chk.free()
+            print(json.dumps(row, default=str), flush=True)
+            rows.append(row)
+            chk.save(part, {"status": "running", "result": {"rows": rows, "summary": mm_summary(rows)}})
+            if chk.broken:
+                raise RuntimeError(f"device context lost: {chk.broken}")
+    return {"rows": rows, "summary": mm_summary(rows)}
+
+
+def mm_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = {}
+    for kind in ("tf32", "bf16"):
+        mine = [r for r in rows if r["dtype"] == kind]
+        gen = [r for r in mine if "speedup" in r and "nf_fallback" not in r]
+        errs = [r["nf_rel_err"] for r in gen]
+        summary[kind] = {"geomean_speedup": math.exp(sum(math.log(r["speedup"]) for r in gen) / len(gen))
+                         if gen else None, "max_rel_err": max(errs) if errs else None, "generated": len(gen),
+                         "fallbacks": sum("nf_fallback" in r for r in mine),
+                         "errors": sum("error" in r for r in mine)}
+    return summary
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def make_model(chk: Check, name: str, dtype):
+    torch = chk.torch
+    import transformers
+
+    if chk.dry:
+        cfgs = {"gpt2": transformers.GPT2Config(use_cache=False, n_layer=1, n_embd=32, n_head=2, vocab_size=97,
+                                                n_positions=32),
+                "llama": transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                  num_key_value_heads=2, intermediate_size=48, vocab_size=97,
+                                                  use_cache=False)}
+        batch, seq = 1, 8
+    else:
+        cfgs = {"gpt2": transformers.GPT2Config(use_cache=False),
+                "llama": transformers.LlamaConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                  num_key_value_heads=4, intermediate_size=2048, vocab_size=32000,
+                                                  use_cache=False)}
+        batch, seq = 16, 1024
+    cfg = cfgs[name]
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg).eval().to(device=chk.dev, dtype=dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return model, torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(chk.dev)
+
+
+def run_model(chk: Check, name: str, dtype_name: str = "bf16", runners=("eager", "torch.compile", "novaforge"),
+              tf32: bool = False, nf_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runners in this order, one process: eager, torch.compile, novaforge."""
+    torch = chk.torch
+    import novaforge
+
+    if chk.args.skip_models:
+        return {"skipped": "--skip-models"}
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    model, ids = make_model(chk, name, dtype)
+    iters = 1 if chk.dry else 10
+    res: dict[str, Any] = {"model": name, "dtype": dtype_name, "batch_x_seq": list(ids.shape),
+                           "nf_options": nf_options or {}}
+
+    def last(out):
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def peak_reset():
+        if not chk.dry:
+            torch.cuda.reset_peak_memory_stats()
+        return None if chk.dry else torch.cuda.memory_allocated() / 2**30
+
+    def peak():
+        return None if chk.dry else torch.cuda.max_memory_allocated() / 2**30
+
+    with torch.no_grad():
+        torch.set_float32_matmul_precision("highest")
+        base = peak_reset()
+        ref = last(model(ids)).float()
+        res["eager"] = {"latency_s": statistics.median(chk.time_call(lambda: model(ids), iters)), "peak_gib": peak(),
+                        "base_gib": base}
+        print(name, "eager", json.dumps(res["eager"]), flush=True)
+        for runner in runners[1:]:
+            if chk.over_budget():
+                res[runner] = {"skipped": "time budget"}
+                continue
+            if runner == "torch.compile" and (chk.dry or chk.args.skip_compile):
+                res[runner] = {"skipped": "dry run" if chk.dry else "--skip-compile"}
+                continue
+            r: dict[str, Any] = {}
+            try:
+                if tf32:
+                    torch.set_float32_matmul_precision("high")
+                chk.free()
+                r["base_gib"] = peak_reset()
+                t = time.perf_counter()
+                if runner == "torch.compile":
+                    fn = torch.compile(model)
+                    out = last(fn(ids))
+                else:
+                    fn = novaforge.compile(model, backend="triton", freeze=True, tf32=tf32, **(nf_options or {}))
+                    out = last(fn(ids))
+                    r["times"] = {k: round(v, 3) for k, v in fn.stats().times.items()}
+                    info = fn.stats().program.info()
+                    r["steps"] = {"triton": len(info["kernels"]), "torch": len(info["fallbacks"])}
+                    r["fallbacks"] = info["fallbacks"][:20]
+                    r["precompile"] = info.get("precompile")
+                    r["spilling_kernels"] = [k["title"] for k in info["kernels"] if k.get("n_spills")][:20]
+                chk.sync()
+                r["compile_s"] = time.perf_counter() - t
+                r["peak_first_call_gib"] = peak()
+                out = out.float()
+                r["rel_diff"] = ((out - ref).norm() / ref.norm()).item()
+                r["max_abs_diff"] = (out - ref).abs().max().item()
+                del out
+                t = time.perf_counter()
+                fn(ids)  # novaforge: the CUDA graph is captured here
+                chk.sync()
+                r["second_call_s"] = time.perf_counter() - t
+                peak_reset()
+                r["latency_s"] = statistics.median(chk.time_call(lambda fn=fn: fn(ids), iters))
+                r["peak_gib"] = peak()
+                again = last(fn(ids)).float()
+                r["rel_diff_replay"] = ((again - ref).norm() / ref.norm()).item()
+                if runner == "novaforge":
+                    r["cuda_graphs"] = fn.stats().program.info()["cuda_graphs"]
+                del again, fn
+            except Exception as e:
+                traceback.print_exc()
+                r["error"] = f"{type(e).__name__}: {e}"[:1000]
+            finally:
+                torch.set_float32_matmul_precision("highest")
+                if runner == "torch.compile":
+                    torch._dynamo.reset()
+                chk.free()
+            res[runner] = r
+            print(name, runner, json.dumps(r, default=str)[:2000], flush=True)
+            if chk.broken:
+                raise RuntimeError(f"device context lost: {chk.broken}")
+    e, n, c = res["eager"], res.get("novaforge", {}), res.get("torch.compile", {})
+    ratios: dict[str, Any] = {}
+    if "latency_s" in n:
+        ratios["latency_vs_eager"] = n["latency_s"] / e["latency_s"]
+    if "latency_s" in n and "latency_s" in c:
+        ratios.update(latency_vs_compile=n["latency_s"] / c["latency_s"],
+                      compile_time_vs_compile=n["compile_s"] / c["compile_s"],
+                      peak_vs_compile=(n["peak_gib"] / c["peak_gib"]) if c.get("peak_gib") else None)
+    res["ratios"] = ratios
+    return res
+
+
+def part_training(chk: Check) -> dict[str, Any]:
+    # >>> TRAINING HOOK: set TRAINING = fn(chk) -> {"gpt42m bf16": {...}, ...} once the training compiler has
+    # >>> landed: GPT-42M (and GPT-124M) steps, batch 16 x 1024, AdamW, bf16 and TF32, against eager and
+    # >>> torch.compile in this order (tokens/s, peak memory, loss), via the helpers above.
+    if TRAINING is None:
+        return {"skipped": "no training compiler yet (TRAINING hook unset)"}
+    return TRAINING(chk)
+
+
+PARTS = {
+    "device": part_device, "probe": part_probe, "correctness": part_correctness,
+    "matmul": lambda chk: matmul_table(chk, "pointer"),
+    "matmul tma": lambda chk: matmul_table(chk, "tma") if chk.dry or chk.torch.cuda.get_device_capability() >= (9, 0)
+    else {"skipped": "TMA needs Hopper"},
+    "model gpt2": lambda chk: run_model(chk, "gpt2"), "model llama": lambda chk: run_model(chk, "llama"),
+    "model gpt2 tf32": lambda chk: run_model(chk, "gpt2", "fp32", ("eager", "novaforge"), True),
+    "model gpt2 cublas matmuls": lambda chk: run_model(chk, "gpt2", "bf16", ("eager", "novaforge"), False,
+                                                       {"matmul_executor": "torch"}),
+    "training": part_training,
+}
+
+
+def worker(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run on a CPU", file=sys.stderr)
+        return 2
+    chk = Check(args)
+    parts = [p for g, ps, _ in groups(args.dry_run) if g == args.worker for p in ps]
+    wanted = {p.strip() for p in args.parts.split(",") if p.strip()}
+    for name in parts:
+        if not wanted or name in wanted:
+            chk.run_part(name)
+    return 3 if chk.broken else 0
+
+
+# ================================================================================ orchestrator
 
 
 def _fmt(x: Any, spec: str = ".3g") -> str:
@@ -365,93 +703,158 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    parts = results["parts"]
     lines = []
-    mm = results["parts"].get("matmul")
-    if mm:
-        lines += ["| matmul | dtype | novaforge TFLOP/s | cuBLAS TFLOP/s | speedup | rel err nf | rel err cuBLAS |"
-                  " schedule |", "|---|---|---|---|---|---|---|---|"]
+    probe = parts.get("probe", {}).get("result")
+    if probe:
+        lines += ["probe (first GPU call) ran: " + ", ".join(f"{k} {'yes' if v else 'NO'}"
+                                                          for k, v in probe["ran"].items())
+                  + f"; matches eager: {'yes' if probe['ok'] else 'NO'}", ""]
+    corr = parts.get("correctness", {}).get("result")
+    if corr:
+        bad = [r for r in corr["cases"] + corr["training_kernels"] if not r.get("ok")]
+        lines += [f"correctness: {len(corr['cases'])} kernel cases + {len(corr['training_kernels'])} training kernels, "
+                  f"{len(bad)} failed" + ("".join(f"\n* {r['name']}: {r.get('error') or r.get('fallbacks') or r}"
+                                                  for r in bad)), ""]
+    for key in ("matmul", "matmul tma"):
+        mm = parts.get(key, {}).get("result")
+        if not mm or "rows" not in mm:
+            continue
+        lines += [f"| {key} | layout | dtype | novaforge TFLOP/s | cuBLAS TFLOP/s | speedup | rel err nf | rel err "
+                  "cuBLAS | schedule | predicted TFLOP/s | smem KiB / regs / spills | one-tile form TFLOP/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mm["rows"]:
-            lines.append(f"| {r['shape']} | {r['dtype']} | {_fmt(r.get('nf_tflops'), '.1f')} | "
-                         f"{_fmt(r.get('torch_tflops'), '.1f')} | {_fmt(r.get('speedup'), '.3f')} | "
+            head = f"| {r['shape']} | {r['layout']} | {r['dtype']} |"
+            if "skipped" in r or "error" in r:
+                lines.append(f"{head} {r.get('skipped') or 'ERROR ' + r['error'][:100]} | | | | | | | | |")
+                continue
+            fb = r.get("nf_fallback")
+            res = (f"{_fmt(r['nf_shared'] / 1024 if r.get('nf_shared') else None, '.0f')} / {_fmt(r.get('nf_n_regs'))}"
+                   f" / {_fmt(r.get('nf_n_spills'))}")
+            lines.append(f"{head} {'FALLBACK to torch' if fb else _fmt(r.get('nf_tflops'), '.1f')} | "
+                         f"{_fmt(r.get('torch_tflops'), '.1f')} | {'-' if fb else _fmt(r.get('speedup'), '.3f')} | "
                          f"{_fmt(r.get('nf_rel_err'), '.2e')} | {_fmt(r.get('torch_rel_err'), '.2e')} | "
-                         f"{r.get('schedule', r.get('error', '-'))} |")
+                         f"{('fallback: ' + fb[:120]) if fb else r.get('nf_schedule', '-')} | "
+                         f"{_fmt(r.get('nf_predicted_tflops'), '.0f')} | {res} | "
+                         f"{_fmt(r.get('one_tile_tflops'), '.1f')} |")
         for kind, s in mm["summary"].items():
-            lines.append(f"| geomean {kind} | | | | {_fmt(s['geomean_speedup'], '.3f')} (target "
-                         f"{'1.0' if kind == 'tf32' else '0.95'}) | max {_fmt(s['max_rel_err'], '.2e')} | | |")
-        alt = results["parts"].get("matmul tma loader")
-        if alt:
-            for kind, s in alt["summary"].items():
-                lines.append(f"| geomean {kind}, TMA loader | | | | {_fmt(s['geomean_speedup'], '.3f')} | "
-                             f"max {_fmt(s['max_rel_err'], '.2e')} | | |")
+            lines.append(f"| geomean {kind} ({s['generated']} generated, {s['fallbacks']} fallbacks, {s['errors']} "
+                         f"errors) | | | | | {_fmt(s['geomean_speedup'], '.3f')} (target "
+                         f"{'1.0' if kind == 'tf32' else '0.95'}) | max {_fmt(s['max_rel_err'], '.2e')} | | | | | |")
         lines.append("")
-    models = [v for k, v in results["parts"].items() if k.startswith("model") and v]
+    models = [(k, v["result"]) for k, v in parts.items() if k.startswith("model") and v.get("result")
+              and "model" in v["result"]]
     if models:
-        lines += ["| model | runner | compile s | latency ms | peak GiB | rel diff vs eager |",
-                  "|---|---|---|---|---|---|"]
-        for m in models:
+        lines += ["| model | runner | compile s | latency ms | peak GiB | rel diff vs eager | fallbacks to torch |",
+                  "|---|---|---|---|---|---|---|"]
+        for _, m in models:
             for runner in ("eager", "torch.compile", "novaforge"):
                 r = m.get(runner)
                 if not r:
                     continue
                 if "skipped" in r or "error" in r:
-                    lines.append(f"| {m['model']} {m['dtype']} | {runner} | {r.get('skipped', r.get('error', ''))[:60]}"
-                                 " | | | |")
+                    lines.append(f"| {m['model']} {m['dtype']} | {runner} | {(r.get('skipped') or r['error'])[:80]}"
+                                 " | | | | |")
                     continue
                 lat = r.get("latency_s")
                 label = runner + (" " + ",".join(f"{k}={v}" for k, v in m["nf_options"].items())
                                   if runner == "novaforge" and m.get("nf_options") else "")
+                fbs = r.get("fallbacks") or []
+                fb = f"{len(fbs)}: " + "; ".join(f"{f['title']} ({f['reason'][:60]})" for f in fbs[:3]) if fbs else (
+                    "0" if runner == "novaforge" else "")
                 lines.append(f"| {m['model']} {m['dtype']} | {label} | {_fmt(r.get('compile_s'), '.1f')} | "
                              f"{_fmt(lat * 1e3 if lat else None, '.2f')} | {_fmt(r.get('peak_gib'), '.2f')} | "
-                             f"{_fmt(r.get('rel_diff'), '.2e')} |")
+                             f"{_fmt(r.get('rel_diff'), '.2e')} | {fb} |")
             if m.get("ratios"):
                 lines.append(f"| {m['model']} ratios | " + ", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in
-                                                                   m["ratios"].items()) + " | | | | |")
+                                                                   m["ratios"].items()) + " | | | | | |")
         lines.append("")
-    if results["errors"]:
-        lines.append("errors: " + "; ".join(f"{k}: {v[:120]}" for k, v in results["errors"].items()))
-    if results["skipped"]:
-        lines.append("skipped: " + ", ".join(results["skipped"]))
+    errors = {k: v.get("error", "")[:160] for k, v in parts.items() if v.get("status") == "error"}
+    skipped = [f"{k} ({v['result']['skipped']})" for k, v in parts.items()
+               if isinstance(v.get("result"), dict) and "skipped" in v["result"]]
+    skipped += [f"{k} ({v['reason']})" for k, v in parts.items() if v.get("status") == "skipped"]
+    if errors:
+        lines.append("errors: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+    if skipped:
+        lines.append("skipped: " + ", ".join(skipped))
     lines.append(f"total {results.get('total_s', 0):.0f} s")
     return "\n".join(lines)
 
 
+def collect(out: Path, started: float, plan: list[str]) -> dict[str, Any]:
+    parts = {}
+    for name in plan:
+        f = out / "parts" / f"{slug(name)}.json"
+        if f.exists():
+            try:
+                parts[name] = json.loads(f.read_text())
+            except json.JSONDecodeError as e:
+                parts[name] = {"status": "error", "error": f"unreadable part file: {e}"}
+    return {"parts": parts, "total_s": time.time() - started}
+
+
+def publish(out: Path, results: dict[str, Any]) -> str:
+    md = markdown(results)
+    write_json(out / "gpu_check.json", results)
+    (out / "gpu_check.md").write_text(md + "\n")
+    return md
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.dry_run:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    scratch = tempfile.mkdtemp(prefix="nf-gpu-check-")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, "inductor")
-    os.environ["NOVAFORGE_CACHE_DIR"] = os.path.join(scratch, "novaforge")
-    os.makedirs(args.out, exist_ok=True)
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
-        print("no CUDA device: run with --dry-run on a CPU", file=sys.stderr)
-        return 2
-    chk = Check(args)
-    chk.part("device", chk.device)
-    chk.part("matmul", chk.matmul_table)
-    have_transformers = chk.results["parts"].get("device", {}).get("transformers") is not None
-    if args.skip_models:
-        chk.results["skipped"].append("models (--skip-models)")
-    elif not have_transformers:
-        chk.results["skipped"].append("models (transformers is not importable here)")
-    else:
-        chk.part("model gpt2", chk.run_model, "gpt2")
-        chk.part("model llama", chk.run_model, "llama")
-        chk.part("model gpt2 tf32", chk.run_model, "gpt2", "fp32", ("eager", "novaforge"), True)
-    if not args.dry_run and torch.cuda.get_device_capability() >= (9, 0):
-        chk.part("matmul tma loader", chk.matmul_table, "tma")
-    if have_transformers and not args.skip_models:
-        chk.part("model gpt2 cublas matmuls", chk.run_model, "gpt2", "bf16", ("eager", "novaforge"), False,
-                 {"matmul_executor": "torch"})
-    chk.results["total_s"] = chk.elapsed()
-    md = markdown(chk.results)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump(chk.results, f, indent=1, default=str)
-    with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
-        f.write(md + "\n")
+    if args.worker:
+        return worker(args)
+    out = Path(args.out)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    for f in (out / "parts").glob("*.json"):
+        f.unlink()
+    scratch = Path(tempfile.mkdtemp(prefix="nf-gpu-check-"))
+    wanted = {p.strip() for p in args.parts.split(",") if p.strip()}
+    plan = [p for _, ps, _ in GROUPS for p in ps if not wanted or p in wanted]
+    for gname, gparts, cap in groups(args.dry_run):
+        todo = [p for p in gparts if p in plan]
+        if not todo:
+            continue
+        left = args.limit - (time.time() - T0)
+        if gname == "training" and TRAINING is None:
+            for p in todo:
+                write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped",
+                                                               "reason": "no training compiler yet (TRAINING unset)"})
+            continue
+        if time.time() - T0 > args.budget or left < 5:
+            for p in todo:
+                write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped", "reason": "time budget"})
+            continue
+        timeout = min(cap if not args.group_timeout else args.group_timeout, left)
+        env = dict(os.environ)
+        for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                         ("NOVAFORGE_CACHE_DIR", "novaforge")):
+            env[var] = str(scratch / slug(gname) / sub)
+        if args.dry_run:
+            env["TRITON_INTERPRET"] = "1"
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", gname, "--t0", str(T0), "--out", str(out),
+               "--budget", str(args.budget), "--parts", ",".join(todo), "--inject-fault", args.inject_fault]
+        cmd += [flag for flag, on in (("--dry-run", args.dry_run), ("--skip-models", args.skip_models),
+                                      ("--skip-compile", args.skip_compile)) if on]
+        print(f"# group {gname}: {', '.join(todo)} (timeout {timeout:.0f} s, t={time.time() - T0:.0f} s)", flush=True)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            rc, why = proc.wait(timeout=timeout), ""
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc, why = None, f"worker killed after {timeout:.0f} s (timeout)"
+        if rc not in (0, None):
+            why = f"worker exited with code {rc}" + (f" (signal {-rc})" if rc < 0 else "")
+        for p in todo:  # parts the worker did not finish
+            f = out / "parts" / f"{slug(p)}.json"
+            prev = json.loads(f.read_text()) if f.exists() else None
+            if prev is None or prev.get("status") == "running":
+                write_json(f, {**(prev or {}), "name": p, "status": "error",
+                               "error": (why or "worker ended without a result") + (
+                                   "; partial result kept" if prev else "")})
+        publish(out, collect(out, T0, plan))
+    md = publish(out, collect(out, T0, plan))
     print("\n" + md, flush=True)
     return 0
 

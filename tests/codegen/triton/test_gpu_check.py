@@ -1,5 +1,7 @@
-"""benchmarks/gpu_check.py runs end to end in its CPU dry-run mode (Triton interpreter, tiny
-shapes): every part completes, results are correct, the JSON and the markdown table exist."""
+"""benchmarks/gpu_check.py in its CPU dry-run mode (Triton interpreter, tiny shapes): every group
+runs in its own worker process and completes, results are correct, the JSON, the markdown and the
+per-part files exist; and a crash or a hang in one group's worker leaves the other groups'
+results (fault injection)."""
 
 from __future__ import annotations
 
@@ -12,27 +14,59 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def _run(out: Path, *extra: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *extra], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out / "gpu_check.json").read_text())
 
 
 @pytest.mark.slow
 def test_gpu_check_dry_run(tmp_path):
     pytest.importorskip("transformers")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out",
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert res["errors"] == {} and res["skipped"] == []
-    rows = res["parts"]["matmul"]["rows"]
-    assert len(rows) == 4 and all(r["nf_finite"] for r in rows)
-    for r in rows:
-        assert r["nf_rel_err"] < (1e-6 if r["dtype"] == "tf32" else 1e-2), r
-        assert r["nf_s"] > 0 and r["torch_s"] > 0
+    proc, res = _run(tmp_path)
+    parts = res["parts"]
+    assert {k for k, v in parts.items() if v["status"] == "error"} == set(), {k: v.get("error") for k, v in
+                                                                                parts.items()}
+    assert parts["training"]["status"] == "skipped"  # the hook waits for the training compiler
+    probe = parts["probe"]["result"]
+    assert probe["ok"] and probe["program"]["launcher"] == "interpreter"
+    corr = parts["correctness"]["result"]
+    assert corr["ok"], [c for c in corr["cases"] + corr["training_kernels"] if not c.get("ok")]
+    kinds = {k for c in corr["cases"] for k in c["kinds"]}
+    assert kinds == {"pointwise", "reduction", "matmul", "attention", "gather"}
+    assert len(corr["training_kernels"]) == 4
+    for part, n_rows in (("matmul", 6), ("matmul tma", 2)):
+        rows = parts[part]["result"]["rows"]
+        assert len(rows) == n_rows and all(r["nf_finite"] and "nf_fallback" not in r for r in rows), rows
+        for r in rows:
+            assert r["nf_rel_err"] < (1e-6 if r["dtype"] == "tf32" else 1e-2), r
+            assert r["nf_s"] > 0 and r["torch_s"] > 0 and r["nf_schedule"].startswith("mm")
+    assert any("tma" in r["nf_schedule"] for r in parts["matmul tma"]["result"]["rows"])
     for name in ("model gpt2", "model llama"):
-        nf = res["parts"][name]["novaforge"]
+        nf = parts[name]["result"]["novaforge"]
         assert nf["rel_diff"] < 2e-2 and nf["rel_diff_replay"] == nf["rel_diff"], nf
-        assert nf["steps"].get("torch", 0) == 0
-    assert res["parts"]["model gpt2 tf32"]["novaforge"]["rel_diff"] < 1e-5
-    lib = res["parts"]["model gpt2 cublas matmuls"]["novaforge"]  # matmuls through torch.matmul
+        assert nf["steps"]["torch"] == 0 and nf["fallbacks"] == []
+    assert parts["model gpt2 tf32"]["result"]["novaforge"]["rel_diff"] < 1e-5
+    lib = parts["model gpt2 cublas matmuls"]["result"]["novaforge"]  # matmuls through torch.matmul
     assert lib["steps"]["torch"] >= 1 and lib["rel_diff"] < 2e-2
-    assert "| matmul | dtype |" in proc.stdout and (tmp_path / "gpu_check.md").exists()
+    assert all(f["reason"] == "matmul_executor='torch'" for f in lib["fallbacks"])
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "| matmul | layout | dtype |" in md and "| matmul tma |" in md and "correctness: 17 kernel cases" in md
+    assert "| matmul |" in proc.stdout and len(list((tmp_path / "parts").glob("*.json"))) == 10
+
+
+@pytest.mark.slow
+def test_gpu_check_survives_a_crashed_and_a_hung_worker(tmp_path):
+    _, res = _run(tmp_path, "--parts", "device,probe,model gpt2 tf32", "--skip-models", "--group-timeout", "15",
+                  "--inject-fault", "probe:hang,model gpt2 tf32:crash", timeout=120)
+    parts = res["parts"]
+    assert parts["device"]["status"] == "ok" and parts["device"]["result"]["torch"]  # saved before the hang
+    assert parts["probe"]["status"] == "error" and "timeout" in parts["probe"]["error"]
+    assert parts["model gpt2 tf32"]["status"] == "error" and "code 134" in parts["model gpt2 tf32"]["error"]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "errors: probe: worker killed" in md
