@@ -2,17 +2,19 @@
 
     compiled = novaforge.compile(model)            # or torch.compile(model, backend="novaforge")
     print(novaforge.explain(model, *inputs))        # what the compiler did, pass by pass
+    novaforge.report(model, *inputs, path="r.html")  # the same as one HTML page with plots
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import report  # noqa: E402  (callable: novaforge.report(model, *inputs, path=...))
 from .api import CompiledModule, compile  # noqa: E402
 from .frontend.capture import CaptureError  # noqa: E402
 from .frontend.lower import UnsupportedError  # noqa: E402
 
-__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "compile", "explain"]
+__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "compile", "explain", "report"]
 
 
 def explain(model, *args, **kwargs):
