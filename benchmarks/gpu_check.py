@@ -355,6 +355,22 @@ def _time_novaforge(chk: Check, a, b, layout: str, flops: float, options: dict[s
     return row
 
 
+def _other_form(chk: Check, m: int, n: int, k: int, dtype, row: dict[str, Any]) -> str:
+    """'on'/'off': the persistent / one-tile form the configurator did not choose, when it exists
+    and is predicted within 10% of the choice (worth measuring); '' otherwise."""
+    from novaforge.schedule import gpu as sched_gpu
+
+    if "nf_persistent" not in row:
+        return ""
+    target = sched_gpu.default_target()
+    chose = row["nf_persistent"]
+    alt = sched_gpu.matmul_schedule(1, m, n, k, dtype, target, persistent=not chose)
+    best = sched_gpu.matmul_schedule(1, m, n, k, dtype, target)
+    if alt.persistent == chose or alt.predicted_s > 1.1 * best.predicted_s:
+        return ""
+    return "on" if alt.persistent else "off"
+
+
 def matmul_table(chk: Check, loader: str) -> dict[str, Any]:
     torch = chk.torch
     rows: list[dict[str, Any]] = []
@@ -386,11 +402,14 @@ def matmul_table(chk: Check, loader: str) -> dict[str, Any]:
                                                  torch.matmul(*MM_ARGS[lay](a, b), out=ct))
                 row["nf_tflops"], row["torch_tflops"] = flops / row["nf_s"] / 1e12, flops / row["torch_s"] / 1e12
                 row["speedup"] = row["torch_s"] / row["nf_s"]
-                if loader == "pointer" and row.get("nf_persistent") and not chk.over_budget():
+                other = _other_form(chk, m, n, k, dtype, row)
+                if loader == "pointer" and other and not chk.over_budget():  # test the model's form choice
                     alt = _time_novaforge(chk, a, b, layout, flops, {"matmul_loader": loader,
-                                                                     "matmul_persistent": "off"})
+                                                                     "matmul_persistent": other})
                     alt.pop("out")
-                    row["one_tile_schedule"], row["one_tile_tflops"] = alt.get("schedule"), flops / alt["s"] / 1e12
+                    row["other_form"] = {"schedule": alt.get("schedule"), "tflops": flops / alt["s"] / 1e12,
+                                         "predicted_tflops": alt.get("predicted_tflops"),
+                                         "fallback": alt.get("fallback")}
                 del a, b, ct
             except Exception as e:
                 traceback.print_exc()
@@ -593,6 +612,14 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _other(o: dict[str, Any] | None) -> str:
+    if not o:
+        return "-"
+    if o.get("fallback"):
+        return f"fallback ({o['fallback'][:60]})"
+    return f"{_fmt(o['tflops'], '.1f')} ({_fmt(o.get('predicted_tflops'), '.0f')}) {o['schedule']}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     parts = results["parts"]
     lines = []
@@ -612,7 +639,7 @@ def markdown(results: dict[str, Any]) -> str:
         if not mm or "rows" not in mm:
             continue
         lines += [f"| {key} | layout | dtype | novaforge TFLOP/s | cuBLAS TFLOP/s | speedup | rel err nf | rel err "
-                  "cuBLAS | schedule | predicted TFLOP/s | smem KiB / regs / spills | one-tile form TFLOP/s |",
+                  "cuBLAS | schedule | predicted TFLOP/s | smem KiB / regs / spills | other form TFLOP/s (predicted) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mm["rows"]:
             head = f"| {r['shape']} | {r['layout']} | {r['dtype']} |"
@@ -627,7 +654,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_fmt(r.get('nf_rel_err'), '.2e')} | {_fmt(r.get('torch_rel_err'), '.2e')} | "
                          f"{('fallback: ' + fb[:120]) if fb else r.get('nf_schedule', '-')} | "
                          f"{_fmt(r.get('nf_predicted_tflops'), '.0f')} | {res} | "
-                         f"{_fmt(r.get('one_tile_tflops'), '.1f')} |")
+                         f"{_other(r.get('other_form'))} |")
         for kind, s in mm["summary"].items():
             lines.append(f"| geomean {kind} ({s['generated']} generated, {s['fallbacks']} fallbacks, {s['errors']} "
                          f"errors) | | | | | {_fmt(s['geomean_speedup'], '.3f')} (target "

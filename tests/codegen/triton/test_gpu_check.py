@@ -70,3 +70,23 @@ def test_gpu_check_survives_a_crashed_and_a_hung_worker(tmp_path):
     assert parts["model gpt2 tf32"]["status"] == "error" and "code 134" in parts["model gpt2 tf32"]["error"]
     md = (tmp_path / "gpu_check.md").read_text()
     assert "errors: probe: worker killed" in md
+
+
+def test_gpu_check_times_the_other_form_where_the_model_is_close():
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("nf_gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod._other_form(None, 16384, 2048, 512, torch.float32, {"nf_persistent": True}) == "off"
+    assert mod._other_form(None, 4096, 4096, 4096, torch.bfloat16, {"nf_persistent": False}) == "on"
+    assert mod._other_form(None, 1024, 1024, 1024, torch.bfloat16, {"nf_persistent": False}) == ""  # far slower
+    assert mod._other_form(None, 37, 45, 29, torch.float32, {"nf_persistent": False}) == ""  # no persistent form
+    assert mod._other_form(None, 37, 45, 29, torch.float32, {"nf_fallback": "x"}) == ""
+    md = mod.markdown({"parts": {"matmul": {"status": "ok", "result": {"rows": [
+        {"shape": "s", "layout": "a@b", "dtype": "tf32", "nf_fallback": "mm: OutOfResources: shared memory",
+         "torch_tflops": 400.0, "nf_rel_err": 1e-4, "torch_rel_err": 1e-4, "nf_schedule": "mm128x256"}],
+        "summary": mod.mm_summary([{"dtype": "tf32", "nf_fallback": "x", "speedup": 1.0}])}}}, "total_s": 1})
+    assert "FALLBACK to torch" in md and "fallback: mm: OutOfResources" in md and "(0 generated, 1 fallbacks" in md
