@@ -1,5 +1,6 @@
 # Two commands for a fresh machine:
-#   make demo   compile a real model (GPT-2) with novaforge, compare with eager, print the report
+#   make demo   compile a real model (GPT-2) with novaforge, compare with eager, print the report and
+#               write it as HTML (novaforge-report-<model>.html; the path is printed)
 #   make test   run the test suite
 # Both create .venv with torch==2.13.0 (CPU wheel) and what they need.
 

@@ -143,3 +143,15 @@ def test_renders_in_headless_chromium(reports, name, tmp_path):
     assert values == sorted(values, reverse=m.group(1) == "desc") and len(values) >= 4
     assert dom.count("<svg") >= 4 and dom.count('class="knode"') == len(kernel_rows(reports[name][1].graph))
 
+
+
+def test_demo_writes_the_report_from_its_own_runs(tmp_path, capsys):
+    from novaforge.report.demo import main as demo_main
+
+    out = tmp_path / "demo.html"
+    assert demo_main(["--model", "gpt2-tiny", "--seq", "16", "--runs", "6", "--report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"HTML report: {out.resolve()}" in text
+    assert "-- where the time went (measured) --" in text and " + runtime overhead " in text
+    html = out.read_text()
+    assert '<p id="profile-sum">kernels ' in html and html.count('<div class="plot"><svg') == 3

@@ -4,8 +4,9 @@ The model is a transformers model built from its config with random weights (nev
 hub), as in the benchmark workloads. The demo times eager and novaforge in the same process,
 interleaved, and prints medians, the speedup, the largest difference of the outputs, and the
 compile report (passes, kernels with their schedules, memory plan, metrics, and where the time
-went: each kernel's measured time and roofline efficiency). Benchmarks against the other
-peers are `novaforge bench`.
+went: each kernel's measured time and roofline efficiency), then writes the same as an HTML
+page (`novaforge report`, report/html_report.py) from the same measurements and prints its
+path. Benchmarks against the other peers are `novaforge bench`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--max-kernels", type=int, default=25, help="distinct kernels listed in the report")
     p.add_argument("--no-profile", action="store_true", help="skip the per-kernel timing (roofline) section")
+    p.add_argument("--report", default=None, metavar="PATH",
+                   help="the HTML report (default novaforge-report-<model>.html; 'none' skips it)")
     args = p.parse_args(argv)
 
     import novaforge
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.inference_mode():
         ref = model(ids).last_hidden_state
-        compiled = novaforge.compile(model, freeze=True, backend=args.backend, profile=not args.no_profile)
+        compiled = novaforge.compile(model, freeze=True, backend=args.backend, profile=not args.no_profile,
+                                     keep_graphs=True)
         t0 = time.perf_counter()
         out = compiled(ids).last_hidden_state
         compile_s = time.perf_counter() - t0
@@ -79,11 +83,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"novaforge {n_ms:8.2f} ms  (median of {len(nf)})   speedup x{e_ms / n_ms:.2f}")
     print(f"max |novaforge - eager| = {diff:.3g} (output scale {scale:.3g})")
     print()
-    profile = ""
+    profile, prof = "", None
     if not args.no_profile:
         from novaforge.report.roofline import format_profile, profile_program
 
         with torch.inference_mode():
-            profile = format_profile(profile_program(compiled, (ids,), {}, runs=max(args.runs // 4, 3)))
+            prof = profile_program(compiled, (ids,), {}, runs=max(args.runs // 4, 3))
+        profile = format_profile(prof)
     print(Report(stats, metrics(stats), args.max_kernels, profile=profile))
+    if args.report != "none":
+        from pathlib import Path
+
+        from novaforge.report.eager import eager_peak_bytes
+        from novaforge.report.html_report import render
+
+        with torch.inference_mode():
+            peak = eager_peak_bytes(model, (ids,))
+        data = {"stats": stats, "metrics": metrics(stats), "profile": prof, "first_call_s": compile_s,
+                "wall_ms": prof.wall_s * 1e3 if prof is not None else n_ms, "eager_ms": e_ms, "eager_peak": peak,
+                "max_diff": diff}
+        path = Path(args.report or f"novaforge-report-{args.model}.html")
+        path.write_text(render(data, f"{args.model}, batch {args.batch} x seq {args.seq}, {args.dtype}"),
+                        encoding="utf-8")
+        print(f"\nHTML report: {path.resolve()}")
     return 0

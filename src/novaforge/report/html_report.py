@@ -61,7 +61,9 @@ def _max_diff(a: Any, b: Any) -> float | None:
 
 def collect(model: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = True, backend: str = "auto",
             runs: int = 5, eager: bool = True) -> dict[str, Any]:
-    """Compile, profile and measure; everything the page needs."""
+    """Compile, profile and measure; everything the page needs: `stats`, `metrics`, `profile` (a
+    `roofline.Profile` or None), `first_call_s`, `wall_ms`, and with `eager`: `eager_ms`,
+    `eager_peak` (bytes), `max_diff` (`novaforge demo` builds the same dict from its own runs)."""
     from ..api import CompiledModule
 
     kwargs = kwargs or {}
@@ -72,8 +74,7 @@ def collect(model: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool
     first_call_s = time.perf_counter() - t0
     stats = compiled.stats()
     prof = profile_program(compiled, args, kwargs, runs=runs)
-    data: dict[str, Any] = {"stats": stats, "metrics": metrics(stats), "profile": prof, "first_call_s": first_call_s,
-                            "compiled": compiled}
+    data: dict[str, Any] = {"stats": stats, "metrics": metrics(stats), "profile": prof, "first_call_s": first_call_s}
     if prof is None:  # another backend: time the calls from outside
         with torch.no_grad():
             times = []
