@@ -10,11 +10,14 @@ implements.
   DRAM bandwidth and latency, peak FLOP/s per math kind (tf32, bf16, fp16, fp32) -- read from the
   device where torch exposes it, completed from `KNOWN_GPUS` (measured ceilings where we have
   them, datasheet values otherwise).
-* `matmul_schedule`: tile sizes, BLOCK_K, GROUP_M, num_warps, num_stages and the operand loader
-  from M, N, K, batch, dtype, arithmetic intensity, wave quantization over the SMs and the
-  shared-memory and register limits (a small enumerated candidate set scored by a roofline
-  time model; the best predicted time wins).
-* `pointwise_schedule`, `reduction_schedule` (single-pass vs looped rows), `attention_schedule`.
+* `matmul_schedule`: tile sizes, BLOCK_K, GROUP_M, num_warps, num_stages, the form (one tile per
+  program, or persistent: min(tiles, SMs x resident CTAs) programs looping over tiles, with the
+  epilogue in column subtiles) and the operand loader, from M, N, K, batch, dtype, wave
+  quantization over the SMs, occupancy from shared memory and registers, pipeline fill and
+  epilogue exposure (a small enumerated candidate set scored by a roofline time model; the best
+  predicted time wins).
+* `pointwise_schedule`, `reduction_schedule` (single-pass vs looped rows), `attention_schedule`
+  (never a config that Triton's fused-attention tutorial excludes on Hopper).
 """
 
 from __future__ import annotations
