@@ -144,8 +144,11 @@ class Check:
             self.save(name, {"status": "ok", "seconds": time.perf_counter() - t, "result": out})
         except Exception as e:  # record and continue: one broken part must not hide the others
             traceback.print_exc()
+            f = self.parts_dir / f"{slug(name)}.json"
+            partial = json.loads(f.read_text()).get("result") if f.exists() else None  # rows saved so far
             self.save(name, {"status": "error", "seconds": time.perf_counter() - t,
-                             "error": f"{type(e).__name__}: {e}"[:2000]})
+                             "error": f"{type(e).__name__}: {e}"[:2000],
+                             **({"result": partial} if partial is not None else {})})
         self.free()
 
     def free(self) -> None:
@@ -523,6 +526,8 @@ def run_model(chk: Check, name: str, dtype_name: str = "bf16", runners=("eager",
                     r["fallbacks"] = info["fallbacks"][:20]
                     r["precompile"] = info.get("precompile")
                     r["spilling_kernels"] = [k["title"] for k in info["kernels"] if k.get("n_spills")][:20]
+                    r["kernels"] = [{key: k.get(key) for key in ("title", "kind", "schedule", "shared", "n_regs",
+                                                                 "n_spills")} for k in info["kernels"]]
                 chk.sync()
                 r["compile_s"] = time.perf_counter() - t
                 r["peak_first_call_gib"] = peak()
