@@ -220,6 +220,7 @@ class CpuBackend:
         if uses_gemm:
             from . import gemm
 
+            logs.stage(f"codegen and build, {len(gens)} functions: nf_gemm library")
             gemm.load()  # our library links this exact build (same path: one instance, configured)
             extra.append(f"-I{gemm.include_dir()}")
             link = gemm.link_args()
@@ -240,6 +241,7 @@ class CpuBackend:
 
         def build(workdir: Path) -> tuple[Path, list[Path]]:
             units = _translation_units(gens, target, uses_gemm)
+            logs.stage(f"build: compiling {len(gens)} kernel functions in {len(units)} C++ units")
             units[0] += glue + f'{EXPORT} const char* nf_lib_key() {{ return "{key}"; }}\n'
             out = workdir / "lib.so"
             compile_library(units, out, target, workdir, extra_flags=extra, link_flags=link)
