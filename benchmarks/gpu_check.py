@@ -723,6 +723,14 @@ def publish(out: Path, results: dict[str, Any]) -> str:
     return md
 
 
+def _device_result(out: Path) -> dict[str, Any]:
+    f = out / "parts" / "device.json"
+    try:
+        return json.loads(f.read_text()).get("result") or {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.worker:
@@ -743,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in todo:
                 write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped",
                                                                "reason": "no training compiler yet (TRAINING unset)"})
+            continue
+        if gname.startswith("model") and _device_result(out).get("transformers", "") is None:
+            for p in todo:
+                write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped",
+                                                               "reason": "transformers is not importable here"})
             continue
         if time.time() - T0 > args.budget or left < 5:
             for p in todo:
