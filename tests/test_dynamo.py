@@ -46,3 +46,72 @@ def test_training_gradients_match_eager():
     m(x).pow(2).sum().backward()
     torch.testing.assert_close(gx, x.grad, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(gw, m.l1.weight.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_results_are_fresh_where_eager_is():
+    torch._dynamo.reset()
+
+    def fn(x):
+        return x + 0, x * 1, torch.ones(3) + 0
+
+    c = torch.compile(fn, backend="novaforge")
+    x = torch.randn(3)
+    a, b, k = c(x)
+    assert a.data_ptr() != x.data_ptr() and b.data_ptr() != x.data_ptr() and a.data_ptr() != b.data_ptr()
+    k.add_(100)
+    assert torch.equal(c(x)[2], torch.ones(3))
+
+
+def test_unsupported_graph_runs_eagerly_and_is_recorded():
+    from novaforge.frontend import dynamo as nf_dynamo
+
+    torch._dynamo.reset()
+    nf_dynamo.FALLBACKS.clear()
+
+    def fn(x):
+        return torch.fft.rfft(x).abs() + 1
+
+    x = torch.randn(16)
+    torch.testing.assert_close(torch.compile(fn, backend="novaforge")(x), fn(x))
+    assert len(nf_dynamo.FALLBACKS) == 1
+    reason = nf_dynamo.FALLBACKS[0].reason
+    assert "_fft_r2c" in reason and "complex64" in reason and "test_dynamo.py" in reason
+
+
+def test_fallback_raise_option():
+    import pytest
+
+    from novaforge import UnsupportedError
+
+    torch._dynamo.reset()
+    c = torch.compile(lambda x: torch.fft.rfft(x).abs(), backend="novaforge", options={"fallback": "raise"})
+    with pytest.raises(Exception) as info:
+        c(torch.randn(8))
+    assert isinstance(info.value, UnsupportedError) or "UnsupportedError" in str(info.value)
+
+
+def test_graph_break_on_item_and_real_constants():
+    torch._dynamo.reset()
+
+    def fn(x):
+        s = x.sum().item()
+        return torch.tril(torch.ones(4, 4)) * s + torch.linspace(0, 1, 4) + x
+
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(torch.compile(fn, backend="novaforge")(x), fn(x))
+
+
+def test_optimizer_step_compiled():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m1, m2 = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    m2.load_state_dict(m1.state_dict())
+    o1, o2 = torch.optim.AdamW(m1.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    step = torch.compile(o1.step, backend="novaforge")
+    x = torch.randn(5, 8)
+    for _ in range(3):
+        for m, o, st in ((m1, o1, step), (m2, o2, o2.step)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            st()
+    torch.testing.assert_close(m1.weight, m2.weight, atol=1e-6, rtol=1e-5)

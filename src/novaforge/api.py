@@ -14,6 +14,7 @@ are correct; it never silently detaches.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from .frontend.capture import Captured, capture, has_meta_state
 from .ir import Graph
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime.interpret import interpret
+from .runtime.state import StateBinding, fresh_outputs
 
 BACKENDS = ("auto", "interpret", "cpu", "triton")
 
@@ -49,7 +51,8 @@ def _signature(flat: list[Any]) -> tuple:
     sig = []
     for x in flat:
         if isinstance(x, torch.Tensor):
-            sig.append(("T", tuple(x.shape), x.dtype, str(x.device), tuple(x.stride()), x.requires_grad))
+            sig.append(("T", tuple(x.shape), x.dtype, x.device, tuple(x.stride()), x.storage_offset(),
+                        x.requires_grad))
         else:
             try:
                 hash(x)
@@ -71,6 +74,7 @@ class CompiledModule:
         self.backend = backend
         self.options = dict(options or {})
         self._programs: dict[tuple, _Entry] = {}
+        self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
         self.last_stats: CompileStats | None = None
 
@@ -90,17 +94,19 @@ class CompiledModule:
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
         key = (spec_key, _signature(tensors), torch.is_grad_enabled())
         entry = self._programs.get(key)
-        if entry is not None and not entry.frozen_still_valid():
-            entry = None  # a frozen parameter was modified in place: its constants are stale
-        if entry is None:
-            entry = self._compile(args, kwargs)
-            self._programs[key] = entry
+        if entry is None or not entry.binding.refresh():
+            with self._lock:
+                entry = self._programs.get(key)
+                if entry is None or not entry.binding.refresh():
+                    # new signature, or a reassigned / re-laid-out / changed frozen parameter
+                    entry = self._compile(args, kwargs)
+                    self._programs[key] = entry
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
 
     def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
         if not torch.is_grad_enabled():
             return False
-        return any(t.requires_grad for t in tensors) or any(t.requires_grad for t in entry.captured.param_refs)
+        return any(t.requires_grad for t in tensors) or any(t.requires_grad for t in entry.binding.refs)
 
     def _compile(self, args: tuple, kwargs: dict) -> _Entry:
         from .generation import capturing
@@ -111,7 +117,7 @@ class CompiledModule:
         self.compilations += 1
         _log_runtime.info("new input signature: program %d compiled", self.compilations)
         self.last_stats = stats
-        return _Entry(stats)
+        return _Entry(stats, self.fn)
 
     def stats(self) -> CompileStats | None:
         return self.last_stats
@@ -141,28 +147,35 @@ class CompiledModule:
 class _Entry:
     """One compiled signature: binds inputs and parameters, runs the program."""
 
-    def __init__(self, stats: CompileStats) -> None:
+    def __init__(self, stats: CompileStats, module: Any) -> None:
         self.stats = stats
         self.captured = stats.captured
         g = stats.graph
-        self.binding: list[tuple[str, int]] = []
+        cap = self.captured
+        ref_names = [gi.name for gi in cap.graph.inputs if gi.kind in ("param", "buffer")]
+        const_names = {gi.tensor.data_ptr(): gi.name for gi in cap.graph.inputs
+                       if gi.kind == "const" and gi.tensor is not None and gi.tensor.device.type != "meta"}
+        frozen = [(const_names.get(t.data_ptr(), "") if t.device.type != "meta" else "", t) for t in cap.frozen]
+        self.binding = StateBinding(module, ref_names, cap.param_refs, frozen)
+        program = stats.program
+        self.outputs_fresh = bool(getattr(program, "outputs_fresh", False))
+        # results that are constants of the graph: each call gets its own copy
+        self.const_outputs = [i for i, v in enumerate(g.outputs)
+                              if g.input_of(v) is not None and g.input_of(v).kind == "const"]
+        self.input_binding: list[tuple[str, int]] = []
         user = ref = 0
         for gi in g.inputs:
             if gi.kind == "user":
-                self.binding.append(("user", user))
+                self.input_binding.append(("user", user))
                 user += 1
             elif gi.kind in ("param", "buffer"):
-                self.binding.append(("ref", ref))
+                self.input_binding.append(("ref", ref))
                 ref += 1
         self.n_out = len(g.outputs)
         self.mut_targets = self._mutation_targets(g)
-        self.frozen = [(t, t._version) for t in self.captured.frozen]
         self.compile_only = any(t.device.type == "meta" for t in self.captured.param_refs)
         spec = self.captured.out_spec
         self.out_is_leaf = self.n_out == 1 and spec is not None and spec.is_leaf()
-
-    def frozen_still_valid(self) -> bool:
-        return all(t._version == v for t, v in self.frozen)
 
     def _mutation_targets(self, g: Graph) -> list[tuple[str, int]]:
         pos: dict[Any, tuple[str, int]] = {}
@@ -180,13 +193,16 @@ class _Entry:
         if self.compile_only:
             raise RuntimeError("this model's parameters or buffers are on the meta device (no data): its program "
                                "can be compiled and inspected (compile_only, explain) but not run")
-        refs = self.captured.param_refs
-        bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.binding]
-        if needs_grad or self.stats.program is None:
-            outs = interpret(self.stats.graph, bound)
-        else:
-            outs = self.stats.program.run(bound)
+        refs = self.binding.refs
+        bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.input_binding]
+        compiled = not needs_grad and self.stats.program is not None
+        outs = self.stats.program.run(bound) if compiled else interpret(self.stats.graph, bound)
         results, new_vals = outs[: self.n_out], outs[self.n_out:]
+        if not (compiled and self.outputs_fresh):
+            results = list(results)
+            for i in self.const_outputs:
+                results[i] = results[i].clone()
+            results = fresh_outputs(results, tensors, refs)
         if self.mut_targets:
             with torch.no_grad():
                 for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):

@@ -57,6 +57,8 @@ def forward_replaced(model: Any, compiled: Any) -> Iterator[None]:
             return base(*args, **kwargs)
         return compiled(*args, **kwargs)
 
+    forward._novaforge_replaced = True  # capture traces the shadow module without it
+    forward._novaforge_own = own
     model.forward = forward
     try:
         yield

@@ -14,6 +14,8 @@ module and the reason (data-dependent control flow names the user's source line)
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +100,39 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
 
 
 CAPTURE_MODES = ("fx", "export")
+# Tracing is not thread-safe (fake-tensor and proxy state, the process-wide `is_compiling`
+# flag that capture_fx sets): one capture at a time per process; other threads' eager code
+# keeps running.
+_CAPTURE_LOCK = threading.RLock()
+
+
+def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module tree that shares every parameter, buffer and attribute value but has
+    its own parameter/buffer/submodule tables. Tracing swaps fake tensors into those tables
+    (`functional_call`), so tracing the shadow leaves the user's module untouched for eager
+    code running in other threads. A forward that `novaforge.generation` installed on an
+    instance is dropped from the shadow (it traces the module's own forward)."""
+    memo: dict[int, torch.nn.Module] = {}
+
+    def go(m: torch.nn.Module) -> torch.nn.Module:
+        if id(m) in memo:
+            return memo[id(m)]
+        new = copy.copy(m)
+        memo[id(m)] = new
+        d = new.__dict__
+        d["_parameters"] = dict(m._parameters)
+        d["_buffers"] = dict(m._buffers)
+        d["_modules"] = {k: (go(v) if v is not None else None) for k, v in m._modules.items()}
+        fwd = d.get("forward")
+        if fwd is not None and getattr(fwd, "_novaforge_replaced", False):
+            own = fwd._novaforge_own
+            if own is None:
+                del d["forward"]
+            else:
+                d["forward"] = own
+        return new
+
+    return go(module)
 
 
 def has_meta_state(module: Any) -> bool:
@@ -112,11 +147,16 @@ def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: boo
     """Capture `module(*args, **kwargs)`. mode 'fx' (default, fast: see capture_fx.py) or
     'export' (torch.export). fake=True traces without data (parameters, buffers and inputs as
     fake tensors, meta ones placed on the CPU): for compile-only use, the graph has no
-    frozen constants."""
+    frozen constants. Captures are serialized process-wide."""
+    with _CAPTURE_LOCK:
+        return _capture(module, args, kwargs, freeze=freeze, mode=mode, fake=fake)
+
+
+def _capture(module: Any, args: tuple, kwargs: dict | None, *, freeze: bool, mode: str, fake: bool) -> Captured:
     if mode not in CAPTURE_MODES:
         raise ValueError(f"capture mode must be one of {CAPTURE_MODES}, got {mode!r}")
     kwargs = kwargs or {}
-    mod = module if isinstance(module, torch.nn.Module) else _FnModule(module)
+    mod = shadow_module(module) if isinstance(module, torch.nn.Module) else _FnModule(module)
     if not isinstance(module, torch.nn.Module):
         _keep_source_lines_of(module)
     if fake and mode != "fx":

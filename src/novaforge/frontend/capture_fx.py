@@ -59,6 +59,57 @@ def _decompositions() -> dict:
     return get_decompositions([torch.ops.aten.native_batch_norm.default])
 
 
+def _storage(t: torch.Tensor) -> Any:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    try:
+        return StorageWeakRef(t.untyped_storage())
+    except Exception:  # a tensor without storage (functional wrappers): never an alias
+        return None
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()), int(t.storage_offset()))
+
+
+def _alias_classifier(inputs: list[torch.Tensor], out_info: dict[str, Any]):
+    """Which results eager returns as views of its inputs or of other results (the plain,
+    non-functionalized trace sees real aliasing; a functionalized re-trace keeps what the
+    plain one found). A result that is a fresh tensor in eager is `None` here: the program
+    returns it fresh."""
+    if "aliases" in out_info:  # the functionalized re-trace: reuse the plain trace's findings
+        found = iter(out_info["aliases"])
+        return lambda t, leaves: next(found, None)
+    in_storage = {}
+    for i, t in enumerate(inputs):
+        st = _storage(t)
+        if st is not None:
+            in_storage.setdefault(st, i)
+    seen: list[Any] = []
+    out_info["aliases"] = seen
+
+    def classify(t: torch.Tensor, leaves: list[torch.Tensor]) -> pytrees.Spec | None:
+        spec = None
+        st = _storage(t)
+        for j, o in enumerate(leaves):
+            if o is t:
+                spec = pytrees.Spec("out_ref", index=j, key=("out_ref", j))
+                break
+        if spec is None and st is not None and st in in_storage:
+            lay = _layout(t)
+            spec = pytrees.Spec("in_view", value=lay, index=in_storage[st], key=("in_view", in_storage[st], lay))
+        if spec is None and st is not None:
+            for j, o in enumerate(leaves):
+                if _storage(o) == st and o.storage_offset() == 0 and o.is_contiguous():
+                    lay = _layout(t)
+                    spec = pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay))
+                    break
+        seen.append(spec)
+        return spec
+
+    return classify
+
+
 def _fake_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Fake tensors of the same shapes, strides and dtypes (meta ones on the CPU), no memory."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -90,7 +141,8 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
         flat_out = pytrees.flatten(out, inputs_objs={id(o): i for i, o in enumerate(trace_objs)},
-                                   inputs_tensors={id(t): i for i, t in enumerate(tensor_args)})
+                                   inputs_tensors={id(t): i for i, t in enumerate(tensor_args)},
+                                   tensor_alias=_alias_classifier(tensor_args, out_info))
         out_info["spec"] = flat_out.spec
         out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)
         return flat_out.leaves

@@ -234,6 +234,13 @@ class _Runner:
             outs = interpret(self.graph, tensors)
         else:
             outs = self.program.run(tensors)
+            if getattr(self.program, "outputs_fresh", False):
+                tensors = []
+        if tensors:  # results must be fresh: AOTAutograd rebuilds the aliases eager has
+            from ..runtime.state import fresh_outputs
+
+            owned = [gi.tensor for gi in self.graph.inputs if gi.kind == "const" and gi.tensor is not None]
+            outs = fresh_outputs(outs, tensors, [], owned)
         if not self.constants:
             return outs
         it = iter(outs)

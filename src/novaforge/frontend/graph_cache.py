@@ -108,8 +108,8 @@ def _describe(v: Any, memo: dict[int, str], depth: int = 0) -> str:
     if isinstance(v, torch.Tensor):
         if v.device.type == "meta" or v.numel() * v.element_size() > INLINE_CONST_BYTES:
             raise _NoKey("a large or data-less tensor attribute")
-        data = v.detach().contiguous().cpu()
-        out = f"T{list(v.shape)}{v.dtype}:{hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()}"
+        data = v.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out = f"T{list(v.shape)}{v.dtype}:{hashlib.sha256(data).hexdigest()}"
     elif isinstance(v, list | tuple | set | frozenset):
         items = sorted(v, key=repr) if isinstance(v, set | frozenset) else v
         out = f"{type(v).__name__}[" + ",".join(_describe(x, memo, depth + 1) for x in items) + "]"

@@ -399,12 +399,23 @@ def matmul(ctx: LowerCtx, a, b):
 
 
 def _operands(ctx: LowerCtx, *args):
+    vals = [ctx.val(a) for a in args if a is not None]
     dt = ctx.out_type.dtype
-    return [ctx.cast(ctx.val(a), dt) for a in args]
+    return [ctx.cast(v, dt) for v in vals]
+
+
+def _same_dtype(ctx: LowerCtx, *args) -> None:
+    """Eager's matrix products require one dtype for all operands (a float64 or int64 input to a
+    float32 nn.Linear raises there), so they raise here too, as RuntimeError."""
+    dtypes = {ctx.val(a).type.dtype for a in args if a is not None}
+    if len(dtypes) > 1:
+        a, b = sorted(dtypes, key=str)[:2]
+        raise RuntimeError(ctx.describe(f"expected all operands to have the same dtype, but got {a} and {b}"))
 
 
 @rule(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
 def _mm(ctx, a, b):
+    _same_dtype(ctx, a, b)
     x, y = _operands(ctx, a, b)
     return matmul(ctx, x, y)
 
@@ -415,6 +426,7 @@ def _scaled(ctx, v, s):
 
 @rule(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+    _same_dtype(ctx, bias, a, b)
     x, y = _operands(ctx, a, b)
     out = _scaled(ctx, matmul(ctx, x, y), alpha)
     if beta == 0:
@@ -425,6 +437,7 @@ def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 
 @rule(aten.linear.default)
 def _linear(ctx, x, weight, bias=None):
+    _same_dtype(ctx, x, weight, bias)
     v, w = _operands(ctx, x, weight)
     wt = ctx.permute(w, (1, 0)) if w.type.rank == 2 else w
     out = matmul(ctx, v, wt)

@@ -14,7 +14,11 @@ A `Spec` is a tree of nodes:
 * `obj`: a cache-like object (its class, attribute names, children), numbered in order;
 * `ref`: an object already seen in this flattening (the same object twice);
 * `in_obj` / `in_tensor` (outputs only): the result *is* an input object or input tensor of the
-  call (eager returned what it was given, e.g. the cache it updated in place).
+  call (eager returned what it was given, e.g. the cache it updated in place);
+* `in_view` (outputs only): the result is a view of input tensor `index` with the size, stride
+  and storage offset in `value` (eager returned a view of its input: rebuilt by `as_strided`);
+* `out_ref` / `out_view` (outputs only): the result is the same tensor as result leaf `index`,
+  or a view of it (`value` as for `in_view`): eager's results alias each other.
 
 Invariants: `unflatten(spec, flatten(x).leaves)` rebuilds a structure equal to `x` (objects
 as fresh instances of their classes, or the caller's own objects for `in_obj` nodes, updated
@@ -25,6 +29,7 @@ exactly when their structure and non-tensor values are equal.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +42,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str  # tensor | const | tree | obj | ref | in_obj | in_tensor
+    kind: str  # tensor | const | tree | obj | ref | in_obj | in_tensor | in_view | out_ref | out_view
     type: Any = None
     context: Any = None
     children: tuple[Spec, ...] = ()
@@ -81,10 +86,12 @@ class Flat:
 
 
 def flatten(x: Any, *, inputs_objs: dict[int, int] | None = None,
-            inputs_tensors: dict[int, int] | None = None) -> Flat:
+            inputs_tensors: dict[int, int] | None = None,
+            tensor_alias: Callable[[torch.Tensor, list[torch.Tensor]], Spec | None] | None = None) -> Flat:
     """Flatten `x`. For results, `inputs_objs` / `inputs_tensors` map id() of the call's input
     objects / tensors to their numbers: a result that is one of them becomes an `in_obj` /
-    `in_tensor` node instead of a new object or leaf."""
+    `in_tensor` node instead of a new object or leaf. `tensor_alias(t, leaves_so_far)` may
+    classify any other result tensor as an alias (`in_view`, `out_ref`, `out_view`)."""
     leaves: list[torch.Tensor] = []
     objs: list[Any] = []
     seen: dict[int, int] = {}
@@ -94,6 +101,9 @@ def flatten(x: Any, *, inputs_objs: dict[int, int] | None = None,
             if inputs_tensors is not None and id(v) in inputs_tensors:
                 i = inputs_tensors[id(v)]
                 return Spec("in_tensor", index=i, key=("in_tensor", i))
+            alias = tensor_alias(v, leaves) if tensor_alias is not None else None
+            if alias is not None:
+                return alias
             leaves.append(v)
             return Spec("tensor", index=len(leaves) - 1, key="T")
         if is_cache_object(v):
@@ -135,6 +145,13 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
         if s.kind == "in_tensor":
             assert inputs_tensors is not None
             return inputs_tensors[s.index]
+        if s.kind == "in_view":
+            assert inputs_tensors is not None
+            return inputs_tensors[s.index].as_strided(*s.value)
+        if s.kind == "out_ref":
+            return leaves[s.index]
+        if s.kind == "out_view":
+            return leaves[s.index].as_strided(*s.value)
         if s.kind == "ref":
             return built[s.index]
         if s.kind in ("obj", "in_obj"):

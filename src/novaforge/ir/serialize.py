@@ -99,7 +99,7 @@ def _dtype(name: str) -> torch.dtype:
 def tensor_to_data(t: torch.Tensor) -> dict[str, Any]:
     """Small tensors inline: dtype, shape and the contiguous bytes in base64."""
     c = t.detach().contiguous().cpu()
-    raw = c.view(torch.uint8).numpy().tobytes() if c.numel() else b""
+    raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
     return {"dtype": str(c.dtype).replace("torch.", ""), "shape": list(c.shape),
             "device": str(t.device), "b64": base64.b64encode(raw).decode("ascii")}
 
@@ -113,7 +113,7 @@ def tensor_from_data(d: dict[str, Any]) -> torch.Tensor:
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         if flat.numel() != t.numel() * t.element_size():
             raise SerializeError("inline tensor data has the wrong size")
-        t.view(-1).view(torch.uint8).copy_(flat)
+        t.reshape(-1).view(torch.uint8).copy_(flat)
     return t.to(d.get("device", "cpu"))
 
 

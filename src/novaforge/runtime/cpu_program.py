@@ -114,6 +114,10 @@ class CpuProgram:
         self._out_slots: list[int] | None = None
         self._ready = False
         self.calls = 0
+        out_slots = [o.slot for o in outputs]
+        # every result is its own fresh tensor (the caller need not check for aliasing)
+        self.outputs_fresh = (all(o.kind == "slot" and slots[o.slot].kind == "fresh" for o in outputs)
+                              and len(set(out_slots)) == len(out_slots))
         self.run_s = 0.0  # total seconds inside run() (profiling reads it)
         self._profiling = bool(self.info.get("profile"))
         self._step_s = [0.0] * len(steps)
@@ -244,7 +248,7 @@ class CpuProgram:
             return t
         if o.kind == "const":
             assert o.tensor is not None
-            return o.tensor
+            return o.tensor.clone()  # a program-owned constant: each call's result is its own
         t = inputs[o.input]
         for n in o.views:
             t = OPS[n.op].impl([t], n.attrs)

@@ -22,6 +22,24 @@ class InterpretError(RuntimeError):
     pass
 
 
+class InterpretIndexError(InterpretError, IndexError):
+    """An op raised IndexError (an index out of range), as eager raises it."""
+
+
+class InterpretValueError(InterpretError, ValueError):
+    pass
+
+
+def _error_like(e: Exception, msg: str) -> InterpretError:
+    """An InterpretError that is also of the failing op's exception kind, so callers catching
+    what eager raises (IndexError for an index out of range) catch it here too."""
+    if isinstance(e, IndexError):
+        return InterpretIndexError(msg)
+    if isinstance(e, ValueError):
+        return InterpretValueError(msg)
+    return InterpretError(msg)
+
+
 def _last_uses(graph: Graph) -> dict[int, list[Value]]:
     last: dict[Value, int] = {}
     for i, n in enumerate(graph.nodes):
@@ -59,7 +77,7 @@ def interpret(graph: Graph, inputs: Sequence[torch.Tensor], check: bool | None =
                 out = OPS[n.op].impl(args, n.attrs)
         except Exception as e:
             src = n.meta.get("source", "")
-            raise InterpretError(f"{n.op} failed{' at ' + src if src else ''}: {e}") from e
+            raise _error_like(e, f"{n.op} failed{' at ' + src if src else ''}: {e}") from e
         outs = out if isinstance(out, list | tuple) else (out,)
         if len(outs) != len(n.outputs):
             raise InterpretError(f"{n.op}: produced {len(outs)} outputs, expected {len(n.outputs)}")

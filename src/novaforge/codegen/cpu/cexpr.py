@@ -158,9 +158,11 @@ def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:
             return f"nf_{op}({a}, {b})"
         return f"({a} {'>' if op == 'maximum' else '<'} {b} ? {a} : {b})"
     if op == "pow":
-        if not isf:
-            raise Unsupported("integer pow")
-        return f"std::pow({a}, {b})"
+        if isf:
+            return f"std::pow({a}, {b})"
+        if dt == torch.bool:
+            raise Unsupported("pow of bools")
+        return f"({STORAGE[dt]})nf_pow_i({a}, {b})"
     if op == "atan2":
         return f"std::atan2({a}, {b})"
     if op == "remainder":

@@ -275,6 +275,17 @@ NF_INLINE int64_t nf_floordiv_i(int64_t a, int64_t b) {
   int64_t r = b == 0 ? 0 : a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
 }
+// torch's integer pow (ATen powi): negative exponents give 0, except for bases 1 and -1
+NF_INLINE int64_t nf_pow_i(int64_t a, int64_t b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((-b) % 2 ? -1 : 1) : 0);
+  int64_t r = 1;
+  while (b) {
+    if (b & 1) r *= a;
+    b /= 2;
+    a *= a;
+  }
+  return r;
+}
 NF_INLINE int64_t nf_remainder_i(int64_t a, int64_t b) {
   int64_t r = b == 0 ? 0 : a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;

@@ -145,7 +145,7 @@ def _pow(a, n, c):
     exp_value = c.arg_consts[1] if len(c.arg_consts) > 1 else None
     if exp_value is not None:
         e = float(exp_value)
-        if e == int(e) and -4 <= e <= 8:
+        if e == int(e) and -4 <= e <= 8 and (e >= 0 or is_float(dt)):
             k = int(abs(e))
             if k == 0:
                 return f"(tl.zeros_like({a[0]}) + 1)"
@@ -155,8 +155,10 @@ def _pow(a, n, c):
             return f"tl.sqrt({a[0]})"
         if e == -0.5 and is_float(dt):
             return f"tl.rsqrt({a[0]})"
-    if not is_float(dt):
+    if dt == torch.bool:
         return None
+    if not is_float(dt):
+        return f"{c.use('_pow_int')}({a[0]}, {a[1]})"
     return f"{c.use('_pow')}({a[0]}, {a[1]})"
 
 
@@ -277,6 +279,20 @@ def _pow(x, y):
     r = tl.where((x < 0) & (~integral), _NAN, r)
     r = tl.where(y == 0, 1.0, r)
     return r
+""",
+    "_pow_int": """
+@triton.jit
+def _pow_int(a, b):
+    # ATen's powi: square and multiply; negative exponents give 0 except for bases 1 and -1
+    r = tl.zeros_like(a) + 1
+    x = a
+    e = b
+    for _ in tl.static_range(63):
+        r = tl.where((e & 1) != 0, r * x, r)
+        e = e >> 1
+        x = x * x
+    neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where(((-b) & 1) != 0, -1, 1), 0))
+    return tl.where(b < 0, neg.to(r.dtype), r)
 """,
     "_remainder_int": """
 @triton.jit

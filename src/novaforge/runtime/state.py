@@ -1,0 +1,112 @@
+"""Where a program's parameters and buffers come from, checked at every call; fresh outputs.
+
+A compiled program reads the module's parameters and buffers as inputs (or, frozen, as
+constants baked in at compile time). Eager reads `module.weight` at every call, so:
+
+* a parameter or buffer *reassigned* on its module (`m.weight = nn.Parameter(...)`,
+  `m.register_buffer(...)`) is seen by the next call: an unfrozen program rebinds the new tensor
+  when its layout (shape, strides, dtype, device) is the one the program was built for, and
+  otherwise the call recompiles; a frozen program always recompiles;
+* a frozen tensor changed in place (its `_version` moves) or given new storage (`p.data = t`)
+  recompiles;
+* unfrozen tensors changed in place need nothing: their memory is read at every call, but
+  their layout is checked, since `p.data = t` can change it.
+
+`fresh_outputs` keeps the other half of eager's contract: a result is a tensor of its own,
+never the caller's input, a parameter, a program-owned constant or another result, unless
+eager's result aliases the same way (those aliases are rebuilt from the call's own tensors by
+`frontend.pytrees.unflatten` and never pass through here).
+
+Invariant: `StateBinding.refresh()` returns True only if every bound tensor is the module's
+current one with the program's layout (rebinding where needed), so a program never reads a
+stale or mis-shaped tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
+def _owner(module: torch.nn.Module, name: str) -> tuple[dict[str, Any], str] | None:
+    """The dict (`_parameters` or `_buffers` of the owning submodule) holding `name`."""
+    prefix, _, leaf = name.rpartition(".")
+    try:
+        sub = module.get_submodule(prefix) if prefix else module
+    except AttributeError:
+        return None
+    for d in (sub._parameters, sub._buffers):
+        if leaf in d:
+            return d, leaf
+    return None
+
+
+class StateBinding:
+    """The tensors bound to one program's parameter/buffer inputs and frozen constants."""
+
+    def __init__(self, module: Any, ref_names: Sequence[str], refs: Sequence[torch.Tensor],
+                 frozen: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """`ref_names`/`refs`: the state names and tensors of the param/buffer inputs, in order;
+        `frozen`: (state name, tensor) of every frozen constant ('' for a tensor that is not
+        module state, e.g. one a function closed over)."""
+        self.refs = list(refs)
+        self._sites: list[tuple[dict[str, Any], str, int, tuple]] = []  # (dict, leaf, ref index, layout)
+        self._frozen: list[tuple[dict[str, Any] | None, str, torch.Tensor, int, int]] = []
+        is_module = isinstance(module, torch.nn.Module)
+        for i, (name, t) in enumerate(zip(ref_names, self.refs, strict=True)):
+            site = _owner(module, name) if is_module else None
+            if site is not None:
+                self._sites.append((site[0], site[1], i, _layout(t)))
+        for name, t in frozen:
+            site = _owner(module, name) if is_module and name else None
+            d, leaf = site if site is not None else (None, "")
+            self._frozen.append((d, leaf, t, t._version, _data_ptr(t)))
+
+    def refresh(self) -> bool:
+        for d, leaf, t, version, ptr in self._frozen:
+            if (d is not None and d.get(leaf) is not t) or t._version != version or _data_ptr(t) != ptr:
+                return False
+        refs = self.refs
+        for d, leaf, i, layout in self._sites:
+            cur = d.get(leaf)
+            if cur is not refs[i]:
+                if cur is None or _layout(cur) != layout:
+                    return False
+                refs[i] = cur
+            elif refs[i].shape != layout[0] or refs[i].stride() != layout[1] or refs[i].dtype != layout[2]:
+                return False
+        return True
+
+
+def _data_ptr(t: torch.Tensor) -> int:
+    return t.data_ptr() if t.device.type != "meta" else 0
+
+
+def fresh_outputs(results: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                  refs: Sequence[torch.Tensor], owned: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+    """`results` with every one that shares memory with an input, a parameter/buffer, a
+    program-owned tensor (`owned`) or an earlier result replaced by a contiguous copy."""
+    taken = {_ptr(t) for t in (*inputs, *refs, *owned)}
+    taken.discard(0)
+    out = []
+    for r in results:
+        p = _ptr(r)
+        if p and p in taken:
+            r = r.clone(memory_format=torch.contiguous_format)
+            p = _ptr(r)
+        if p:
+            taken.add(p)
+        out.append(r)
+    return out
+
+
+def _ptr(t: torch.Tensor) -> int:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.numel() == 0:
+        return 0
+    return t.untyped_storage().data_ptr()

@@ -1,0 +1,38 @@
+"""The eager contract on the Triton backend (under TRITON_INTERPRET=1; tests/contract_cases.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract_cases import (
+    ALIAS_CASES,
+    check_aliasing,
+    check_constant_output_not_shared,
+    check_input_mutation,
+    check_integer_pow,
+    check_parameters_seen,
+)
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.mark.parametrize("name", list(ALIAS_CASES))
+def test_results_fresh_or_aliased_as_eager(name):
+    check_aliasing(name, "triton")
+
+
+def test_constant_output_is_not_shared_across_calls():
+    check_constant_output_not_shared("triton")
+
+
+def test_inputs_mutated_as_eager():
+    check_input_mutation("triton")
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_reassigned_and_updated_parameters_are_seen(freeze):
+    check_parameters_seen("triton", freeze)
+
+
+def test_integer_pow():
+    check_integer_pow("triton")

@@ -1,0 +1,171 @@
+"""The eager contract (docs/semantics.md), as checks shared by every backend's tests: a compiled
+call returns the same values as eager, fresh tensors where eager's are fresh, the same aliases
+where eager's results alias an input or each other, mutates inputs as eager does, sees
+reassigned and updated parameters, and raises where eager raises."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import novaforge
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _aliases(outs, args) -> list[tuple]:
+    """For each output: the input or earlier output whose storage it shares, with its layout."""
+    found = []
+    for i, o in enumerate(outs):
+        hit = None
+        for j, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.numel() and o.numel() and _storage(o) == _storage(a):
+                hit = ("in", j, tuple(o.shape), o.stride(), o.storage_offset(), o is a)
+        for j, p in enumerate(outs[:i]):
+            if hit is None and o.numel() and p.numel() and _storage(o) == _storage(p):
+                hit = ("out", j, tuple(o.shape), o.stride(), o.storage_offset(), o is p)
+        found.append(hit)
+    return found
+
+
+def _tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+ALIAS_CASES = {
+    "clone": lambda x: x.clone(),
+    "add_zero": lambda x: x + 0,
+    "mul_one": lambda x: x * 1,
+    "where_same": lambda x: torch.where(x > 0, x, x),
+    "tanh_twice": lambda x: (torch.tanh(x), torch.tanh(x)),
+    "transpose_contiguous": lambda x: x.t().contiguous(),
+    "view": lambda x: x.view(-1),
+    "transpose_view": lambda x: x.t(),
+    "select_row": lambda x: x[1],
+    "identity": lambda x: x,
+    "result_and_view_of_it": lambda x: (lambda y: (y, y.view(-1)))(x * 2),
+    "same_result_twice": lambda x: (lambda y: (y, y))(x.exp()),
+    "input_and_fresh": lambda x: (x, x + 1),
+}
+
+
+def check_aliasing(name: str, backend: str) -> None:
+    fn = ALIAS_CASES[name]
+    x = torch.randn(4, 6)
+    want = _tuple(fn(x))
+    got = _tuple(novaforge.compile(fn, backend=backend)(x))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+        assert g.is_contiguous() or not w.is_contiguous(), "eager's result is contiguous"
+    assert _aliases(got, (x,)) == _aliases(want, (x,))
+
+
+def check_constant_output_not_shared(backend: str) -> None:
+    c = novaforge.compile(lambda x: (x * 2, torch.ones(4) + 0), backend=backend)
+    x = torch.randn(3)
+    c(x)[1].add_(100)
+    assert torch.equal(c(x)[1], torch.ones(4))
+
+
+def check_input_mutation(backend: str) -> None:
+    def fn(x, y):
+        x.add_(1)
+        y[0] = 5.0
+        return x * 2
+
+    x, y = torch.randn(3, 4), torch.randn(4)
+    xe, ye = x.clone(), y.clone()
+    out = novaforge.compile(fn, backend=backend)(x, y)
+    want = fn(xe, ye)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(x, xe)
+    torch.testing.assert_close(y, ye)
+
+
+def check_parameters_seen(backend: str, freeze: bool) -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3)
+    c = novaforge.compile(lin, backend=backend, freeze=freeze)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), lin(x))
+        lin.weight = torch.nn.Parameter(torch.randn(3, 5))  # reassigned
+        torch.testing.assert_close(c(x), lin(x))
+        lin.weight.data = torch.randn(3, 5)  # new storage
+        torch.testing.assert_close(c(x), lin(x))
+        lin.bias.add_(1.0)  # in place
+        torch.testing.assert_close(c(x), lin(x))
+        lin.weight = torch.nn.Parameter(torch.randn(3, 5).t().contiguous().t())  # another layout
+        torch.testing.assert_close(c(x), lin(x))
+
+
+def check_dtype_errors(backend: str) -> None:
+    lin = torch.nn.Linear(5, 3)
+    c = novaforge.compile(lin, backend=backend)
+    for dt in (torch.float64, torch.int64, torch.bfloat16):
+        x = torch.randn(2, 5).to(dt)
+        with pytest.raises(RuntimeError):
+            lin(x)
+        with pytest.raises(RuntimeError):
+            c(x)
+
+
+def check_concurrent_first_calls(backend: str) -> None:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        want, want_other = m(x), other(x)
+    c, c_other = novaforge.compile(m, backend=backend), novaforge.compile(other, backend=backend)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def compiled(cm, w):
+        try:
+            with torch.no_grad():
+                torch.testing.assert_close(cm(x), w)
+        except Exception as e:  # collected and re-raised in the main thread
+            errors.append(repr(e))
+
+    def eager():
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    torch.testing.assert_close(m(x), want)
+            except Exception as e:
+                errors.append("eager: " + repr(e))
+                return
+
+    threads = [threading.Thread(target=compiled, args=a) for a in ((c, want), (c, want), (c_other, want_other))]
+    e = threading.Thread(target=eager)
+    e.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    e.join()
+    assert errors == []
+    assert c.compilations == 1 and c_other.compilations == 1
+
+
+def check_integer_pow(backend: str) -> None:
+    x = torch.arange(-4, 5)
+    for fn in (lambda x: torch.pow(x, 2), lambda x: x ** 3, lambda x: torch.pow(x, x.abs() % 3)):
+        got, want = novaforge.compile(fn, backend=backend)(x), fn(x)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def check_index_error(backend: str) -> None:
+    e = torch.nn.Embedding(10, 4)
+    ids = torch.tensor([[1, 12]])
+    with pytest.raises(IndexError):
+        e(ids)
+    with pytest.raises(IndexError):
+        novaforge.compile(e, backend=backend)(ids)

@@ -1,0 +1,61 @@
+"""The eager contract on the CPU backend and the interpreter (tests/contract_cases.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract_cases import (
+    ALIAS_CASES,
+    check_aliasing,
+    check_concurrent_first_calls,
+    check_constant_output_not_shared,
+    check_dtype_errors,
+    check_index_error,
+    check_input_mutation,
+    check_integer_pow,
+    check_parameters_seen,
+)
+
+BACKENDS = ["cpu", "interpret"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(ALIAS_CASES))
+def test_results_fresh_or_aliased_as_eager(name, backend):
+    check_aliasing(name, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_output_is_not_shared_across_calls(backend):
+    check_constant_output_not_shared(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_mutated_as_eager(backend):
+    check_input_mutation(backend)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reassigned_and_updated_parameters_are_seen(backend, freeze):
+    check_parameters_seen(backend, freeze)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dtype_mismatch_raises_as_eager(backend):
+    check_dtype_errors(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_first_calls_and_eager_in_another_thread(backend):
+    check_concurrent_first_calls(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integer_pow(backend):
+    check_integer_pow(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_out_of_range_raises_index_error(backend):
+    check_index_error(backend)
