@@ -51,6 +51,12 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"
 
 
+def _info(st: Any) -> dict[str, Any]:
+    """The program's info dict (the CPU program's; other programs may have none)."""
+    info = getattr(st.program, "info", None)
+    return info if isinstance(info, dict) else {}
+
+
 def _max_diff(a: Any, b: Any) -> float | None:
     la = [t for t in pytree.tree_leaves(a) if isinstance(t, torch.Tensor)]
     lb = [t for t in pytree.tree_leaves(b) if isinstance(t, torch.Tensor)]
@@ -118,9 +124,9 @@ def _summary(d: dict[str, Any], title: str) -> str:
                  "time is measured outside each call; see docs/report.md.</p>")
     else:
         body += '<p class="note">This backend does not time its launches: no per-kernel profile.</p>'
-    target = (getattr(st.program, "info", None) or {}) if isinstance(getattr(st.program, "info", None), dict) else {}
+    info = _info(st)
     body += (f'<p class="note">{escape(title)}; backend {escape(st.backend)}; '
-             f"{escape(str(target.get('target', platform.processor() or platform.machine())))}; "
+             f"{escape(str(info.get('target', platform.processor() or platform.machine())))}; "
              f"torch {escape(torch.__version__)}, {torch.get_num_threads()} threads.</p>")
     return page.section("summary", "Summary", body)
 
@@ -225,8 +231,7 @@ def _memory(d: dict[str, Any]) -> str:
 def compile_bars(st: Any) -> list[tuple[str, float, str]]:
     """(label, seconds, category) of every compile stage; each stage's unattributed rest is its own bar."""
     t = st.times
-    info = getattr(st.program, "info", None)
-    info = info if isinstance(info, dict) else {}
+    info = _info(st)
     hit = " (graph cache hit)" if t.get("graph_cache_hit") else ""
     parts = [("trace ATen graph", t.get("export_s", 0.0)), ("functionalize", t.get("functionalize_s", 0.0)),
              ("lower to IR", t.get("lower_s", 0.0))]
@@ -249,8 +254,7 @@ def _compile_time(d: dict[str, Any]) -> str:
     st = d["stats"]
     svg = compile_time_svg(compile_bars(st))
     cs = library_cache(st.backend).stats.as_dict() if st.backend == "cpu" else {}
-    info = getattr(st.program, "info", None)
-    how = info.get("cache", "-") if isinstance(info, dict) else "-"
+    how = _info(st).get("cache", "-")
     note = (f"Total {st.times.get('total_s', 0):.2f} s. Kernel library of this program: {escape(str(how))}"
             + (f"; this process's library cache: {cs['memory_hits']} memory hits, {cs['disk_hits']} disk hits, "
                f"{cs['builds']} builds, {cs['rebuilt_corrupt']} corrupt entries rebuilt" if cs else "") + ".")
@@ -279,8 +283,7 @@ def _externs(d: dict[str, Any]) -> str:
     for target, reason in m["externs"]:
         counts[(target, reason)] = counts.get((target, reason), 0) + 1
     rows = [[c, t, r] for (t, r), c in counts.items()]
-    info = getattr(st.program, "info", None)
-    fallbacks = info.get("fallbacks", []) if isinstance(info, dict) else []
+    fallbacks = _info(st).get("fallbacks", [])
     body = (page.table([("count", "num"), ("ATen op", "text"), ("reason", "text")], rows, table_id="extern-table")
             if rows else "<p>No extern ops: every ATen op was lowered to IR primitives.</p>")
     if fallbacks:
