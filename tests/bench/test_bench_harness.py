@@ -155,3 +155,16 @@ def test_cli_usage_errors_and_list(capsys):
     assert bench_main(["--list"]) == 0
     listing = capsys.readouterr().out
     assert "gpt-42m" in listing and "torch-compile-freeze" in listing and "openvino" in listing
+
+
+def test_worker_measures_generation_in_process(tmp_path):
+    spec = {"runner": "novaforge", "device": "cpu", "dtype": "float32", "threads": 2, "runs": 2, "warmup": 1,
+            "budget_s": 30.0, "nf_backend": "auto", "max_size": 64, "workdir": str(tmp_path / "w"),
+            "workload": "gpt2-generate-tiny", "batch": 1, "seq": 8, "new_tokens": 6}
+    (row,) = worker.measure(spec)["rows"]
+    assert row["tokens_equal"] and row["new_tokens"] == 6
+    assert len(row["times_ms"]) == len(row["ttft_ms"]) == 2 and row["programs_after"] == 2
+    assert row["weight_bytes"] > 0 and row["read_bw_bytes_s"] > 1e8
+    s = harness.aggregate([{"status": "ok", "runner": "novaforge", "case": row["case"], "spec": spec,
+                            "rows": [row]}], [(Case("gpt2-generate-tiny", "generate", 1, 8), ["novaforge"])])[0]
+    assert s["decode_tokens_per_s"] > 0 and s["tokens_equal"] and s["programs"] == 2 and s["roof_fraction"] > 0

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tf32", action="store_true", help="allow TF32 for float32 matmuls on the GPU (all torch runners)")
     p.add_argument("--max-size", type=int, default=None,
                    help="largest square size in the matmul sweep (default 2048 CPU, 8192 GPU)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="tokens each generate workload produces (default 128; 16 for -tiny workloads)")
     p.add_argument("--json", type=Path, default=None, help="results file (default benchmarks/results/<date>-...json)")
     p.add_argument("--no-json", action="store_true", help="do not write a results file")
     p.add_argument("--keep-logs", action="store_true", help="keep the workers' folders (specs, logs) and say where")
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(workloads=workloads, runners=_csv(args.runner), batches=args.batch, seq=args.seq,
                    device=args.device, dtype=args.dtype, runs=args.runs, warmup=args.warmup, procs=args.procs,
                    threads=args.threads, budget_s=args.budget_s, timeout_s=args.timeout_s, nf_backend=args.nf_backend,
-                   tf32=args.tf32, max_size=args.max_size, keep_logs=args.keep_logs)
+                   tf32=args.tf32, max_size=args.max_size, keep_logs=args.keep_logs,
+                   new_tokens=args.new_tokens)
     payload = run(opts)
     print(render(payload))
     if not args.no_json:

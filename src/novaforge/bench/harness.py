@@ -52,6 +52,7 @@ class Options:
     nf_backend: str = "auto"
     tf32: bool = False
     max_size: int | None = None
+    new_tokens: int | None = None  # generate workloads (default 128; 16 for -tiny)
     keep_logs: bool = False
 
 
@@ -113,6 +114,8 @@ def _defaults(case: Case, opts: Options) -> tuple[int, int]:
         runs = opts.runs
     elif case.kind == "inference":
         runs = 30 if case.batch <= 1 else 20
+    elif case.kind == "generate":
+        runs = 3
     else:
         runs = 10
     warmup = opts.warmup if opts.warmup is not None else (2 if case.kind == "training" else 3)
@@ -133,6 +136,7 @@ def run_process(case: Case, runner: str, index: int, opts: Options, root: Path,
     spec = {"workload": case.workload, "runner": runner, "batch": case.batch, "seq": case.seq,
             "device": opts.device, "dtype": opts.dtype, "threads": opts.threads, "runs": runs, "warmup": warmup,
             "budget_s": opts.budget_s, "nf_backend": opts.nf_backend, "tf32": opts.tf32, "max_size": opts.max_size,
+            "new_tokens": opts.new_tokens,
             "process": index, "workdir": str(pdir / "work")}
     (pdir / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ)
@@ -292,6 +296,22 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
         s["gflops"] = first["flops"] / (s["median_ms"] / 1e3) / 1e9
     if "losses" in first:
         s["losses"] = [r["losses"] for _, r in got]
+    if "ttft_ms" in first:  # generation: time to the first token, decode rate, bandwidth roof
+        ttft = [t for _, r in got for t in r["ttft_ms"]]
+        s["ttft_ms"] = median(ttft)
+        s["new_tokens"] = first["new_tokens"]
+        per_token = (s["median_ms"] - s["ttft_ms"]) / 1e3 / max(first["new_tokens"] - 1, 1)
+        s["decode_tokens_per_s"] = 1.0 / per_token if per_token > 0 else None
+        s["tokens_equal"] = all(r["tokens_equal"] for _, r in got)
+        s["weight_bytes"] = first["weight_bytes"]
+        bw = median([r["read_bw_bytes_s"] for _, r in got])
+        s["read_bw_gb_s"] = bw / 1e9
+        s["roof_tokens_per_s"] = bw / first["weight_bytes"]
+        if s["decode_tokens_per_s"]:
+            s["roof_fraction"] = s["decode_tokens_per_s"] / s["roof_tokens_per_s"]
+        progs = [r.get("programs_after") for _, r in got if r.get("programs_after") is not None]
+        if progs:
+            s["programs"] = max(progs)
     if failed:
         s["failed_processes"] = len(failed)
         s["reason"] = failed[0].get("reason", "")
@@ -306,6 +326,8 @@ def _add_comparisons(rows: list[dict[str, Any]]) -> None:
         if r["status"] != "ok" or b is None:
             continue
         r["speedup_vs_eager"] = b["median_ms"] / r["median_ms"]
+        if r.get("decode_tokens_per_s") and b.get("decode_tokens_per_s"):
+            r["decode_vs_eager"] = r["decode_tokens_per_s"] / b["decode_tokens_per_s"]
         if "losses" in r and "losses" in b:
             first, common = [], []
             for mine, theirs in zip(r["losses"], b["losses"], strict=False):

@@ -107,6 +107,28 @@ def training_table(rows: list[dict[str, Any]]) -> list[str]:
     return _table(header, body)
 
 
+def generate_table(rows: list[dict[str, Any]]) -> list[str]:
+    header = ["case (prompt)", "runner", "decode tok/s", "decode vs eager", "TTFT ms", "generate ms (new tokens)",
+              "per-process medians", "setup s", "peak MB", "tokens = eager", "roof tok/s (weights / read BW)",
+              "of roof", "note"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            body.append([r["case"], r["runner"]] + ["–"] * 10 + [_note(r)])
+            continue
+        x = r.get("decode_vs_eager")
+        note = _note(r)
+        if r.get("programs") is not None:
+            note = "; ".join(filter(None, [f"{r['programs']} programs built", note]))
+        body.append([r["case"], r["runner"], fmt_num(r.get("decode_tokens_per_s")), "–" if x is None else f"{x:.2f}x",
+                     fmt_num(r.get("ttft_ms")), f"{fmt_num(r['median_ms'])} ({r.get('new_tokens')})", _procs(r),
+                     _setup(r), fmt_num(r["peak_mem_mb"], 4), "yes" if r.get("tokens_equal") else "NO",
+                     f"{fmt_num(r.get('roof_tokens_per_s'))} ({fmt_num(r.get('weight_bytes', 0) / 1e6)} MB / "
+                     f"{fmt_num(r.get('read_bw_gb_s'))} GB/s)",
+                     "–" if r.get("roof_fraction") is None else f"{100 * r['roof_fraction']:.0f}%", note])
+    return _table(header, body)
+
+
 def matmul_table(rows: list[dict[str, Any]]) -> list[str]:
     header = ["shape (MxKxN)", "runner", "median ms", "GFLOP/s", "vs torch", "setup s", "max rel diff", "note"]
     body = []
@@ -183,7 +205,8 @@ def render(payload: dict[str, Any]) -> str:
         if cores and load[1] > 1.5 * cores:
             lines.append(f"WARNING: the load exceeded the {cores} cores: other work competed with the runners; "
                          "absolute times are inflated, compare ratios only and rerun on a quiet machine")
-    for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table)):
+    for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table),
+                              ("generate", generate_table)):
         mine = _grouped([r for r in rows if r.get("kind") == kind])
         if mine:
             lines += ["", f"### {kind}", ""] + render_kind(mine)

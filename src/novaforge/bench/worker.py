@@ -28,8 +28,10 @@ from .measure import current_rss_mb, nvml_energy_reader, peak_rss_mb, sync_for, 
 from .results import dumps
 from .runners import RUNNERS, load_runner
 from .workloads import (
+    build_generation_model,
     build_inference_model,
     build_training_model,
+    default_new_tokens,
     get,
     input_ids,
     matmul_operands,
@@ -177,6 +179,74 @@ def run_matmul(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_bandwidth() -> float:
+    """Bytes/s that a streaming read (a sum over 256 MiB, all threads) reaches here: the roof
+    of decoding, which reads every weight once per token."""
+    import torch
+
+    x = torch.ones(64 * 2**20)
+    x.sum()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def _weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
+    """Greedy generation: the first call (setup: compiles) generates `new_tokens` and is checked
+    token for token against eager's; then `runs` times a one-token generate (time to the first
+    token: prompt + one step) and `runs` times the full generate, interleaved. Decode rate =
+    (new_tokens - 1) / (median full - median one-token)."""
+    import torch
+
+    new = int(spec.get("new_tokens") or default_new_tokens(spec["workload"]))
+    model, vocab = build_generation_model(spec["workload"])
+    ids = input_ids(vocab, spec["batch"], spec["seq"])
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    gc.collect()
+    base_rss = current_rss_mb()
+    sync = sync_for(spec["device"])
+    prepared, out, prepare_s, setup_s = _setup(lambda: runner.generate(model, ids, new, ctx), sync)
+    got = prepared.to_tensor(out)
+    row: dict[str, Any] = {
+        "case": case_label(spec["workload"], spec["batch"], spec["seq"]),
+        "prepare_s": prepare_s, "setup_s": setup_s, "setup_info": prepared.info,
+        "tokens_equal": bool(got.shape == want.shape and torch.equal(got, want)),
+        "new_tokens": new, "weight_bytes": _weight_bytes(model), "read_bw_bytes_s": _read_bandwidth(),
+    }
+    if prepared.after_first is not None:
+        row.update(prepared.after_first())
+    full, first = [], []
+    t_end = time.perf_counter() + spec["budget_s"]
+    for _ in range(spec["warmup"]):
+        prepared.call(1)
+    for i in range(spec["runs"]):
+        for n, times in ((1, first), (new, full)):
+            t0 = time.perf_counter()
+            prepared.call(n)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() > t_end and i >= 1:
+            break
+    row.update(times_ms=full, ttft_ms=first, capped=len(full) < spec["runs"], energy_j_per_call=None,
+               memory=_memory(spec, base_rss, prepared))
+    if "programs" in row:
+        row["programs_after"] = prepared.after_first()["programs"] if prepared.after_first else None
+    return [row]
+
+
 def _energy(spec: dict[str, Any]):
     return nvml_energy_reader(0) if spec["device"] == "cuda" else None
 
@@ -200,7 +270,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     ctx = RunContext(device=spec["device"], dtype=spec["dtype"], threads=spec["threads"], workdir=workdir,
                      nf_backend=spec["nf_backend"], tf32=bool(spec.get("tf32")))
     kind = get(spec["workload"]).kind
-    run = {"inference": run_inference, "training": run_training, "matmul": run_matmul}[kind]
+    run = {"inference": run_inference, "training": run_training, "matmul": run_matmul, "generate": run_generate}[kind]
     rows = run(spec, runner, ctx)
     for r in rows:
         r["cache"] = cache_state

@@ -9,6 +9,8 @@ Three kinds:
 * matmul: square sizes 1024..8192 (capped by `max_size`) and the GPT-42M training shapes
   (forward GEMMs of one block and the LM head, plus the LM head's and MLP's backward GEMMs)
   for a given number of tokens.
+* generate: GPT2LMHeadModel (124M) and the Llama-style model as LlamaForCausalLM, in their
+  default configs (KV cache on), greedy `model.generate` from a seeded prompt.
 
 Invariant: every function here is deterministic: the same name, shape and seed give
 bit-identical weights and inputs in every process, so runners in different processes are
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("inference", "training", "matmul")
+KINDS = ("inference", "training", "matmul", "generate")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("gpt-124m", "training", "nanoGPT-style GPT: 12 layers, 768 wide, 12 heads, vocab 50304 (124.5M)", "gpt"),
     Workload("gpt-tiny", "training", "nanoGPT-style GPT: 2 layers, 128 wide, 4 heads, vocab 512 (tests)", "gpt"),
     Workload("matmul", "matmul", "square 1024..8192 (capped) and the GPT-42M training GEMMs", "matmul"),
+    Workload("gpt2-generate", "generate", "GPT2LMHeadModel 124M, default config (KV cache), greedy generate",
+             "gpt2"),
+    Workload("llama-generate", "generate", "the llama workload as LlamaForCausalLM, default config, greedy generate",
+             "llama"),
+    Workload("gpt2-generate-tiny", "generate", "GPT2LMHeadModel, 2 layers, 64 wide (tests)", "gpt2"),
+    Workload("llama-generate-tiny", "generate", "LlamaForCausalLM, 2 layers, 64 wide (tests)", "llama"),
     Workload("matmul-tiny", "matmul", "square 64, 96 and the gpt-tiny training GEMMs (tests)", "matmul"),
 ]}
 
@@ -63,6 +71,8 @@ def default_shapes(w: Workload, device: str) -> tuple[list[int], int]:
         if device == "cuda":
             return [16], 512 if w.family == "bert" else 1024  # BERT-base has 512 positions
         return [1], 128
+    if w.kind == "generate":
+        return [1], 8 if tiny else 32  # the prompt length
     if w.kind == "training":
         if tiny:
             return [2], 64
@@ -110,6 +120,30 @@ def build_inference_model(name: str, seed: int = 0):
     cfg = transformers_config(name)
     torch.manual_seed(seed)
     model = AutoModel.from_config(cfg)
+    return model.float().eval(), cfg.vocab_size
+
+
+def default_new_tokens(name: str) -> int:
+    return 16 if name.endswith("-tiny") else 128
+
+
+def build_generation_model(name: str, seed: int = 0):
+    """A causal LM in its default config (use_cache, default attention), float32 eval mode,
+    random weights from `torch.manual_seed(seed)`; returns (model, vocab)."""
+    import torch
+    import transformers as tf
+
+    base = name.removesuffix("-tiny").removesuffix("-generate")
+    cfg = transformers_config(f"{base}-tiny" if name.endswith("-tiny") else base)
+    cfg.use_cache = True
+    if base == "gpt2":
+        cfg.n_positions = max(cfg.n_positions, 1024) if not name.endswith("-tiny") else 256
+        cls = tf.GPT2LMHeadModel
+    else:
+        cfg.max_position_embeddings = 2048 if not name.endswith("-tiny") else 256
+        cls = tf.LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = cls(cfg)
     return model.float().eval(), cfg.vocab_size
 
 

@@ -23,7 +23,7 @@ class RunnerSpec:
     module: str  # novaforge.bench.runners.<module>
     cls: str
     requires: tuple[str, ...]  # importable top-level modules the runner needs
-    kinds: frozenset[str]  # inference / training / matmul
+    kinds: frozenset[str]  # inference / training / matmul / generate
     devices: frozenset[str]  # cpu / cuda
     dtypes: frozenset[str]  # float32 / bfloat16
     in_all_devices: frozenset[str]  # devices on which `--runner all` includes it
@@ -52,17 +52,20 @@ _BOTH_DT = frozenset({"float32", "bfloat16"})
 
 RUNNERS: dict[str, RunnerSpec] = {s.name: s for s in [
     RunnerSpec("novaforge", "novaforge_runner", "NovaforgeRunner", ("torch",),
-               frozenset({"inference", "training", "matmul"}), _ALL, _BOTH_DT, _ALL,
+               frozenset({"inference", "training", "matmul", "generate"}), _ALL, _BOTH_DT, _ALL,
                "novaforge.compile (freeze=True for inference)"),
     RunnerSpec("novaforge-packed", "novaforge_runner", "NovaforgePackedRunner", ("torch",),
                frozenset({"inference"}), _CPU, _BOTH_DT, _CPU,
                "novaforge.compile(freeze=True, pack_weights=True): packed weight copies (CPU backend)"),
     RunnerSpec("eager", "torch_runners", "EagerRunner", ("torch",),
-               frozenset({"inference", "training", "matmul"}), _ALL, _BOTH_DT, _ALL,
+               frozenset({"inference", "training", "matmul", "generate"}), _ALL, _BOTH_DT, _ALL,
                "PyTorch eager (torch.matmul for the matmul sweep)"),
     RunnerSpec("torch-compile", "torch_runners", "TorchCompileRunner", ("torch",),
-               frozenset({"inference", "training"}), _ALL, _BOTH_DT, _ALL,
-               "torch.compile, default mode"),
+               frozenset({"inference", "training", "generate"}), _ALL, _BOTH_DT, _ALL,
+               "torch.compile, default mode (generate: model.forward compiled)"),
+    RunnerSpec("torch-compile-static", "torch_runners", "TorchCompileStaticRunner", ("torch",),
+               frozenset({"generate"}), _ALL, _BOTH_DT, _ALL,
+               "generate with model.forward = torch.compile(model.forward) and a static KV cache"),
     RunnerSpec("torch-compile-freeze", "torch_runners", "TorchCompileFreezeRunner", ("torch",),
                frozenset({"inference"}), _ALL, _BOTH_DT, _ALL,
                "torch.compile with inductor freezing, inside torch.inference_mode()"),

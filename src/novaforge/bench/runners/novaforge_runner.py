@@ -55,6 +55,16 @@ class NovaforgeRunner:
         return Prepared(training_call(compiled, model, batches, ctx), info={"backend_requested": ctx.nf_backend},
                         after_first=lambda: _metrics_of(compiled))
 
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        import novaforge
+
+        from .torch_runners import generate_call
+
+        compiled = novaforge.compile(model, freeze=True, backend=ctx.nf_backend, **self.options)
+        return Prepared(generate_call(compiled.generate, ids, new_tokens), to_tensor=lambda out: out,
+                        info={"backend_requested": ctx.nf_backend, "cache": "static"},
+                        after_first=lambda: {**_metrics_of(compiled), "programs": compiled.compilations})
+
     def matmul(self, a: torch.Tensor, b: torch.Tensor, ctx: RunContext) -> Prepared:
         import novaforge
 

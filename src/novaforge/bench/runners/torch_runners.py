@@ -47,9 +47,24 @@ def training_call(forward: Callable[..., torch.Tensor], model: torch.nn.Module,
     return call
 
 
+def generate_call(generate: Callable[..., Any], ids: torch.Tensor, new_tokens: int,
+                  **kwargs: Any) -> Callable[..., torch.Tensor]:
+    """A call generating exactly `n` tokens greedily (default `new_tokens`; `min_new_tokens`
+    keeps an end-of-sequence token from stopping early), under no_grad."""
+
+    def call(n: int = new_tokens) -> torch.Tensor:
+        with torch.no_grad():
+            return generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kwargs)
+
+    return call
+
+
 class EagerRunner:
     def inference(self, model: torch.nn.Module, inputs: tuple, ctx: RunContext) -> Prepared:
         return Prepared(_inference_call(model, inputs))
+
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        return Prepared(generate_call(model.generate, ids, new_tokens), to_tensor=lambda out: out)
 
     def training(self, model: torch.nn.Module, batches: list, ctx: RunContext) -> Prepared:
         return Prepared(training_call(model, model, batches, ctx))
@@ -64,6 +79,21 @@ class TorchCompileRunner:
 
     def training(self, model: torch.nn.Module, batches: list, ctx: RunContext) -> Prepared:
         return Prepared(training_call(torch.compile(model), model, batches, ctx), info={"mode": "default"})
+
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        model.forward = torch.compile(model.forward)  # the usual recipe: the forward compiled, generate as is
+        return Prepared(generate_call(model.generate, ids, new_tokens), to_tensor=lambda out: out,
+                        info={"mode": "default", "cache": "dynamic"})
+
+
+class TorchCompileStaticRunner:
+    """torch.compile of the forward with transformers' static KV cache (its recommended recipe
+    for compiled decoding: fixed shapes every step)."""
+
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        model.forward = torch.compile(model.forward)
+        return Prepared(generate_call(model.generate, ids, new_tokens, cache_implementation="static"),
+                        to_tensor=lambda out: out, info={"mode": "default", "cache": "static"})
 
 
 class TorchCompileFreezeRunner:

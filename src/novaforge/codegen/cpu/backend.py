@@ -34,6 +34,7 @@ from ...ir import Graph, Kernel, Value
 from ...ir.types import TensorType
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
 from ...schedule.target import CpuTarget, detect_cpu_target
+from .analysis import Unsupported
 from .build import HEADER_DIR, compile_flags, compile_library, compiler, compiler_version
 from .kernels import KernelPlan, plan_kernel
 from .loops import GenKernel
@@ -70,6 +71,7 @@ class CpuBackend:
 
     def __init__(self) -> None:
         self._plans: dict[str, KernelPlan] = {}
+        self._unrenderable: dict[str, str] = {}  # function name -> why its rendering failed
 
     def target(self) -> CpuTarget:
         return detect_cpu_target()
@@ -84,6 +86,10 @@ class CpuBackend:
                 self._plans.clear()
             p = plan_kernel(kernel, target, const_bufs)
             self._plans[key] = p
+        bad = [self._unrenderable[g.fn] for g in (p.gen, getattr(p, "anchor_gen", None))
+               if g is not None and g.fn in self._unrenderable]
+        if bad:  # its source could not be generated (found at render time): run it through torch
+            return KernelPlan("torch", reason=bad[0])
         return p
 
     def executor_for(self, kernel: Kernel) -> str:
@@ -94,6 +100,18 @@ class CpuBackend:
 
     # -------------------------------------------------------------------------- build
     def build(self, graph: Graph, options: dict[str, Any]) -> CpuProgram:
+        """The program for `graph`. A kernel whose source turns out not to be renderable (an op
+        form the analysis accepted but the C++ renderer cannot express) runs through torch:
+        the build is redone without it, so such a kernel never fails the compile."""
+        for _ in range(8):
+            try:
+                return self._build(graph, options)
+            except _Unrenderable as e:
+                _log_codegen.info("cpu: %s cannot be generated (%s); it runs through torch", e.fn, e.reason)
+                self._unrenderable[e.fn] = f"not generated: {e.reason}"
+        return self._build(graph, options)
+
+    def _build(self, graph: Graph, options: dict[str, Any]) -> CpuProgram:
         t0 = time.perf_counter()
         target = self.target()
         layout = _Layout(graph)
@@ -281,7 +299,12 @@ def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, 
 
 def _translation_units(gens: dict[str, GenKernel], target: CpuTarget, uses_gemm: bool) -> list[str]:
     """Rendered kernels split into up to `threads` units of similar size (compiled in parallel)."""
-    rendered = [gens[fn].render() for fn in sorted(gens)]
+    rendered = []
+    for fn in sorted(gens):
+        try:
+            rendered.append(gens[fn].render())
+        except Unsupported as e:
+            raise _Unrenderable(fn, str(e)) from e
     n_units = max(1, min(target.threads, len(rendered) // 4 or 1))
     prelude = PRELUDE + ('#include "nf_gemm.h"\n' if uses_gemm else "")
     units = [prelude for _ in range(n_units)]
@@ -291,6 +314,12 @@ def _translation_units(gens: dict[str, GenKernel], target: CpuTarget, uses_gemm:
         units[i] += _export_last(text)
         sizes[i] += len(text)
     return units
+
+
+class _Unrenderable(Exception):
+    def __init__(self, fn: str, reason: str) -> None:
+        super().__init__(f"{fn}: {reason}")
+        self.fn, self.reason = fn, reason
 
 
 def _export_last(text: str) -> str:
