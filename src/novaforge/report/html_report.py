@@ -309,9 +309,11 @@ def _ir(st: Any) -> str:
 
 def render(d: dict[str, Any], title: str) -> str:
     st = d["stats"]
+    # the kernel graph is tall and narrow: the memory and compile-time plots sit beside it
+    side = f'<div class="pair">{_graph(d)}<div class="stack">{_memory(d)}{_compile_time(d)}</div></div>'
     sections = [("summary", "Summary", _summary(d, title)), ("passes", "Passes", _passes(st)),
-                ("kernels", "Kernels", _kernels(d)), ("graph", "Kernel graph", _graph(d)),
-                ("memory", "Memory", _memory(d)), ("compile", "Compile time", _compile_time(d)),
+                ("kernels", "Kernels", _kernels(d)), ("graph", "Kernel graph", side),
+                ("memory", "Memory", ""), ("compile", "Compile time", ""),
                 ("training", "Training", _training(d)), ("externs", "Externs", _externs(d)),
                 ("ir", "IR", _ir(st))]
     from .. import __version__

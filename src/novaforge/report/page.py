@@ -49,6 +49,13 @@ details summary { cursor: pointer; font-size: 13px; padding: 3px 0; }
 .note { color: #666; font-size: 12px; }
 .plot svg { max-width: 100%; height: auto; }
 .bad { color: #b3261e; }
+.pair { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
+.pair > section { margin: 0; }
+.pair > section#graph { flex: 0 1 auto; max-width: 40%; }
+.pair > section#graph .scroll { max-height: 1150px; }
+.pair > .stack { flex: 1 1 560px; min-width: 0; display: flex; flex-direction: column; gap: 16px; }
+.pair > .stack > section { margin: 0; }
+.pair { margin: 16px 0; }
 """
 
 JS = """

@@ -86,7 +86,7 @@ def memory_timeline(graph: Graph) -> Timeline | None:
 
 
 def memory_timeline_svg(tl: Timeline, eager_peak: int | None = None) -> str:
-    fig = _figure(10, 3.6)
+    fig = _figure(7.5, 3.6)
     ax = fig.add_subplot()
     xs = list(range(len(tl.live)))
     ys = [b / MiB for b in tl.live]
@@ -134,7 +134,7 @@ def kernel_time_svg(per_kernel_s: list[float], kinds: list[str], names: list[str
 def compile_time_svg(bars: list[tuple[str, float, str]]) -> str:
     """`bars`: (label, seconds, category) top to bottom; category picks the colour."""
     colors = {"capture": "#76b7b2", "pass": "#59a14f", "codegen": "#f28e2b", "build": "#e15759", "other": "#bab0ac"}
-    fig = _figure(10, 0.6 + 0.24 * len(bars))
+    fig = _figure(7.5, 0.6 + 0.22 * len(bars))
     ax = fig.add_subplot()
     ys = list(range(len(bars)))[::-1]
     vals = [s * 1e3 for _, s, _ in bars]
