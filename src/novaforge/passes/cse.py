@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from ..ir import OPS, Graph, Rewriter
 from ..ir.structural import canonical
-from .context import PassContext
+from .context import PassContext, describe
 
 
 def cse(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
     rw = Rewriter(graph)
     seen: dict[tuple, object] = {}
     merged = 0
@@ -31,9 +32,11 @@ def cse(graph: Graph, ctx: PassContext | None = None) -> Graph:
         if prev is None:
             seen[key] = rw.keep(n)
             continue
+        if not ctx.take_fuel(lambda n=n, prev=prev: f"cse: merged into {prev.outputs[0]!r}: {describe(n)}"):
+            rw.keep(n)
+            continue
         for old, new in zip(n.outputs, prev.outputs, strict=True):
             rw.replace(old, new)
         merged += 1
-    if ctx is not None:
-        ctx.count("merged", merged)
+    ctx.count("merged", merged)
     return rw.finish() if merged else graph

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import OPS, Graph, Rewriter, Value
-from .context import PassContext
+from .context import PassContext, describe
 
 DEFAULT_MAX_ELEMENTS = 1 << 26
 
@@ -49,7 +49,8 @@ def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
             const[node.outputs[0]] = None
             lazy_defs[node.outputs[0]] = node
             continue
-        if any(o.type.numel > limit for o in n.outputs):
+        if any(o.type.numel > limit for o in n.outputs) \
+                or not ctx.take_fuel(lambda n=n: f"fold_constants: folded {describe(n)}"):
             rw.keep(n)
             continue
         args = [_materialize(v, const, lazy_defs) for v in ins]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
 from ..ir.views import Strided, apply_view
-from .context import PassContext
+from .context import PassContext, describe
 
 MAX_CAT_PIECES = 16  # non-empty pieces of one cat load
 MAX_CAT_REGIONS = 64  # boxes of the space in which every cat load of a kernel reads one piece
@@ -115,13 +115,19 @@ def legalize_views(graph: Graph, ctx: PassContext) -> Graph:
 
 
 class _Grouper:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, ctx: PassContext | None = None) -> None:
         self.graph = graph
+        self.ctx = ctx or PassContext()
         self.defs: dict[Value, Node] = {o: n for n in graph.nodes for o in n.outputs}
         self.group_of: dict[Node, Group] = {}
         self.groups: list[Group] = []
         self.generator_cats: list[Node] = []
         self.replicated: set[Node] = set()  # nodes copied into every kernel that reads them
+
+    def join(self, g: Group, n: Node, how: str) -> bool:
+        """A fusion decision: may n join group g (`ctx.take_fuel`)?"""
+        return self.ctx.take_fuel(lambda: f"fuse: into group {g.index} [{g.kind}: "
+                                          f"{' '.join(m.op for m in g.nodes[:8])}] {how}: {describe(n)}")
 
     def new(self, kind: str, space, axes=()) -> Group:
         g = Group(kind, tuple(space), len(self.groups), tuple(axes))
@@ -251,7 +257,8 @@ class _Grouper:
                     g is not None and g.kind == "pointwise" and g.space == out.type.shape and u.op != "cat"
                     and u.outputs[0].type.shape == g.space and u.outputs[0] not in g.reshaped
                     and _cat_regions(g.space, [m for m in g.nodes if m.op == "cat"] + [n]) <= MAX_CAT_REGIONS
-                    for u, g in zip(users, targets, strict=True)):
+                    for u, g in zip(users, targets, strict=True)) \
+                    and self.ctx.take_fuel(lambda n=n: f"fuse: replicated {describe(n)} into its consumers"):
                 self.replicated.add(n)
                 continue
             g = self.new("pointwise", out.type.shape)
@@ -292,7 +299,7 @@ class _Grouper:
                 if not self.acyclic(b, n):
                     continue
                 in_bytes = sum(v.type.nbytes for v in n.inputs if v.type.rank and self._root_group(v) is g)
-                if in_bytes > out.type.nbytes:
+                if in_bytes > out.type.nbytes or not self.join(b, n, "moved the tail"):
                     continue
                 g.nodes.remove(n)
                 g.reshaped.pop(out, None)
@@ -327,7 +334,7 @@ class _Grouper:
         if (g is not None and x not in g.reshaped and x.type.shape == g.space and n.attrs["keepdim"]
                 and ((g.kind == "pointwise" and not any(m.op == "cat" for m in g.nodes))
                      or (g.kind == "reduction" and g.axes == axes))
-                and self.acyclic(g, n)):
+                and self.acyclic(g, n) and self.join(g, n, "joined the reduction")):
             g.kind, g.axes = "reduction", axes
             self.add(g, n)
             return
@@ -353,7 +360,7 @@ class _Grouper:
 
     def place_elementwise(self, n: Node) -> None:
         g = self._stored_permuted(n)
-        if g is not None:
+        if g is not None and self.join(g, n, "stored through the permute"):
             self.add(g, n)
             return
         candidates = []
@@ -372,6 +379,8 @@ class _Grouper:
             if g.kind == "single":
                 continue
             if self.fits(g, n) and self.acyclic(g, n):
+                if not self.join(g, n, "joined"):
+                    break
                 shape = n.outputs[0].type.shape
                 if shape != g.space and g.kind != "reduction":
                     g.reshaped[n.outputs[0]] = shape
@@ -460,7 +469,7 @@ def fuse(graph: Graph, ctx: PassContext | None = None) -> Graph:
 
     ctx = ctx or PassContext()
     graph = legalize_views(graph, ctx)
-    grouper = _Grouper(graph)
+    grouper = _Grouper(graph, ctx)
     groups = _group_order(grouper.run())
     defs = grouper.defs
     escaping = set(graph.outputs) | {new for _, new in graph.mutations}

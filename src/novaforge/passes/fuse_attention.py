@@ -54,7 +54,7 @@ from .attention_patterns import (
     untranspose,
     view_as,
 )
-from .context import PassContext
+from .context import PassContext, describe
 
 # The eager chain, from the output back to the inputs; each layer is matched by one helper.
 EAGER_CHAIN = (
@@ -91,7 +91,8 @@ def fuse_attention(graph: Graph, ctx: PassContext | None = None) -> Graph:
             plan = plan_sdpa(facts, n)
         elif n.op == "matmul":
             plan = plan_eager(facts, n, ctx)
-        if plan is not None:
+        if plan is not None and ctx.take_fuel(lambda n=n: f"fuse_attention: replaced the chain ending at "
+                                                          f"{describe(n)}"):
             plans[n] = plan
     if not plans:
         return graph

@@ -14,14 +14,16 @@ needs a layout strides cannot express.
 from __future__ import annotations
 
 from ..ir import Graph, Rewriter, Value
-from .context import PassContext
+from .context import PassContext, describe
 
 
 def layout(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
     rw = Rewriter(graph)
     defs: dict[Value, object] = {}
     changed = 0
     for n in graph.nodes:
+        first_new = len(rw.nodes)
         ins = [rw.get(v) for v in n.inputs]
         out = n.outputs[0] if n.outputs else None
         repl: Value | None = None
@@ -49,6 +51,10 @@ def layout(graph: Graph, ctx: PassContext | None = None) -> Graph:
         elif n.op in ("reshape", "expand") and src is not None and src.op == "expand" \
                 and src.inputs[0].type.rank == 0:
             repl = rw.emit("expand", [src.inputs[0]], shape=out.type.shape).out
+        if repl is not None and repl.type == out.type \
+                and not ctx.take_fuel(lambda n=n: f"layout: folded {describe(n)}"):
+            del rw.nodes[first_new:]  # without fuel: keep the view as it was
+            repl = None
         if repl is not None and repl.type == out.type:
             rw.replace(out, repl)
             changed += 1
@@ -62,6 +68,5 @@ def layout(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for node in rw.nodes:
         for o in node.outputs:
             defs.setdefault(o, node)
-    if ctx is not None:
-        ctx.count("views_folded", changed)
+    ctx.count("views_folded", changed)
     return rw.finish() if changed else graph

@@ -65,7 +65,7 @@ def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
     before, after = _peak(nodes, escaping), _peak(new_nodes, escaping)
     ctx.count("peak_bytes_before", before)
     ctx.count("peak_bytes_after", min(before, after))
-    if after < before:
+    if after < before and ctx.take_fuel(f"order: reordered {len(nodes)} nodes (peak {before} -> {after} bytes)"):
         ctx.count("reordered", 1)
         return Graph(graph.inputs, new_nodes, graph.outputs, graph.mutations, graph.meta)
     return graph

@@ -9,6 +9,11 @@ returned. That costs no copy: graphs are immutable and share unchanged nodes, so
 holds a reference (the report prints them lazily). Each finished pass is logged on the
 `passes` topic (fusion passes' counters also on `fusion`), and under `NOVAFORGE_DUMP` the IR
 after every pass is written with its provenance line ("# after cse: 3.63 ms, ...").
+
+Fuel (`novaforge.bisect`): option `pass_fuel` = {pass position in the list: n} limits that pass
+to its first n rewrite/fusion decisions (passes/context.py); option `pass_trace=True` records
+the description of every decision taken. Each record keeps `decisions` (asked for) and `trace`.
+The option `check` ("1" or "numerics") turns the verifier on like NOVAFORGE_CHECK.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class PassRecord:
     values_after: int
     counters: dict[str, int] = field(default_factory=dict)
     graph: Graph | None = field(default=None, repr=False, compare=False)  # with keep_graphs
+    decisions: int = 0  # rewrite/fusion decisions the pass asked for (fuel it would use)
+    trace: list[str] | None = field(default=None, repr=False, compare=False)  # with pass_trace
 
     def effect(self) -> str:
         """The one-line summary logs, dumps and reports print."""
@@ -93,8 +100,11 @@ def run_pipeline(
     backend: Any = None,
     keep_graphs: bool | None = None,
 ) -> tuple[Graph, list[PassRecord]]:
-    check = settings.check_enabled() if check is None else check
-    keep = bool((options or {}).get("keep_graphs", False)) if keep_graphs is None else keep_graphs
+    opts = options or {}
+    check = (settings.check_enabled() or opts.get("check") not in (None, "", "0", 0, False)) if check is None else check
+    keep = bool(opts.get("keep_graphs", False)) if keep_graphs is None else keep_graphs
+    fuel = dict(opts.get("pass_fuel") or {})
+    tracing = bool(opts.get("pass_trace", False))
     session = logs.current()
     dump = session.dump if session is not None else None
     if dump is not None:
@@ -103,7 +113,8 @@ def run_pipeline(
     records: list[PassRecord] = []
     for i, (name, fn) in enumerate(passes if passes is not None else default_pipeline(), start=1):
         logs.stage(f"pass {name}")
-        ctx = PassContext(options=dict(options or {}), target=target, backend=backend)
+        ctx = PassContext(options=dict(opts), target=target, backend=backend, fuel=fuel.get(i - 1),
+                          trace=[] if tracing else None)
         nb, vb = len(graph.nodes), _count_values(graph)
         t0 = time.perf_counter()
         graph = fn(graph, ctx)
@@ -111,7 +122,7 @@ def run_pipeline(
         if check:
             verify(graph, name)
         rec = PassRecord(name, ms, nb, len(graph.nodes), vb, _count_values(graph), dict(ctx.counters),
-                         graph if keep else None)
+                         graph if keep else None, ctx.decisions, ctx.trace)
         records.append(rec)
         _log_pass(rec, graph)
         if dump is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Value
-from .context import PassContext
+from .context import PassContext, describe
 
 ALIGN = 64
 
@@ -40,7 +40,8 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value]) -> dict[Value, Value]:
+def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value],
+                        ctx: PassContext | None = None) -> dict[Value, Value]:
     pairs: dict[Value, Value] = {}
     used_inputs: set[Value] = set()
     for i, n in enumerate(graph.nodes):
@@ -54,6 +55,9 @@ def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value
                 if (v in buffers and v not in used_inputs and last.get(v) == i and v.type.nbytes == o.type.nbytes
                         and v.type.shape == o.type.shape and _read_elementwise_only(body, bi.value)
                         and body.producer(bo) is not None and OPS[body.producer(bo).op].has("elementwise")):
+                    if ctx is not None and not ctx.take_fuel(
+                            lambda n=n, o=o, v=v: f"plan_memory: {o!r} written in place of {v!r} by {describe(n)}"):
+                        break
                     pairs[o] = v
                     used_inputs.add(v)
                     break
@@ -89,7 +93,7 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     fresh = {o for n in graph.nodes if n.op == "kernel" for o in n.outputs if o in escaping}
     intervals = {v: (defined[v], last.get(v, defined[v])) for v in buffers}
     sizes = {v: _align(max(v.type.nbytes, 1)) for v in buffers}
-    inplace = _inplace_candidates(graph, last, buffers) if ctx.option("inplace", True) else {}
+    inplace = _inplace_candidates(graph, last, buffers, ctx) if ctx.option("inplace", True) else {}
     # an in-place output shares its input's slot: plan the pair as one buffer
     merged_into = dict(inplace)
 
@@ -117,6 +121,11 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
                 best = (offset, off - offset)
             offset = max(offset, off + sz)
         chosen = best[0] if best is not None else offset
+        top = max((off + sz for off, sz, _, _ in placed), default=0)
+        if chosen < top and any(off < chosen + size and chosen < off + sz for off, sz, _, _ in placed) \
+                and not ctx.take_fuel(lambda v=v, chosen=chosen: f"plan_memory: {v!r} reuses arena bytes "
+                                      f"[{chosen}, {chosen + size}) of buffers dead by step {start}"):
+            chosen = top  # without fuel: a region of its own
         offsets[v] = chosen
         placed.append((chosen, size, start, end))
     for o in merged_into:

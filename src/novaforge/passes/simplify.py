@@ -23,7 +23,7 @@ import torch
 
 from ..ir import Graph, Node, Rewriter, Value
 from ..ir.types import is_float, is_int
-from .context import PassContext
+from .context import PassContext, describe
 
 # dtype -> dtypes it converts to without loss
 _LOSSLESS = {
@@ -50,6 +50,7 @@ def scalar_value(graph_defs: dict, v: Value):
 
 
 def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
     rw = Rewriter(graph)
     defs: dict[Value, object] = {}
     changed = 0
@@ -102,6 +103,11 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
                 if src.attrs["dtype"] in _LOSSLESS.get(orig.type.dtype, ()):
                     repl = orig if orig.type.dtype == n.attrs["dtype"] else rw.emit(
                         "cast", [orig], dtype=n.attrs["dtype"]).out
+        if repl is not None and repl.type == n.outputs[0].type \
+                and not ctx.take_fuel(lambda n=n: f"simplify: rewrote {describe(n)}"):
+            del rw.nodes[first_new:]  # without fuel: the node stays as it was
+            factored -= op == "cat"
+            repl = None
         if repl is not None and repl.type == n.outputs[0].type:
             rw.replace(n.outputs[0], repl)
             changed += 1
@@ -115,10 +121,9 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for node in rw.nodes:
         for o in node.outputs:
             defs.setdefault(o, node)
-    if ctx is not None:
-        ctx.count("rewrites", changed)
-        if factored:
-            ctx.count("cat_pieces_factored", factored)
+    ctx.count("rewrites", changed)
+    if factored:
+        ctx.count("cat_pieces_factored", factored)
     return rw.finish() if changed else graph
 
 
