@@ -28,6 +28,7 @@ from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
 from .ir import Graph
 from .passes.pipeline import PassRecord, run_pipeline
+from .runtime import check_numerics
 from .runtime.interpret import interpret
 from .runtime.state import StateBinding, fresh_outputs
 
@@ -295,6 +296,8 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     t2 = time.perf_counter()
     session.stage(f"codegen and build, {sum(1 for n in graph.nodes if n.op == 'kernel')} kernels")
     program = be.build(graph, opts) if be is not None else None
+    if program is not None and check_numerics.enabled(opts):  # every kernel against the interpreter
+        program = check_numerics.maybe_wrap(program, graph, be, opts)
     t3 = time.perf_counter()
     times = dict(captured.times)
     times.update({"capture_s": t1 - t0, "passes_s": t2 - t1, "codegen_s": t3 - t2, "total_s": t3 - t0})

@@ -121,6 +121,9 @@ class CpuProgram:
         self.run_s = 0.0  # total seconds inside run() (profiling reads it)
         self._profiling = bool(self.info.get("profile"))
         self._step_s = [0.0] * len(steps)
+        # runs the steps instead of the plain loop when set: observer(runners, slot tensors)
+        # (runtime/check_numerics.py checks every kernel this way)
+        self.observer: Callable[[list[Callable[[], None]], list], None] | None = None
 
     def _materialize(self) -> None:
         """Allocate the arena and bind fixed slots (at the first call: a build may run under a
@@ -227,8 +230,11 @@ class CpuProgram:
                 t = torch.empty(ty.shape, dtype=ty.dtype)
                 env[s] = t
                 ptrs[s] = t.data_ptr()
-            for r in self._runners:
-                r()
+            if self.observer is None:
+                for r in self._runners:
+                    r()
+            else:
+                self.observer(self._runners, env)
             if self._out_slots is not None:
                 result = [env[s] for s in self._out_slots]
             else:

@@ -32,6 +32,7 @@ from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import Graph, Kernel, Value
 from ...ir.types import TensorType
+from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
 from ...schedule.target import CpuTarget, detect_cpu_target
 from .analysis import Unsupported
@@ -126,13 +127,15 @@ class CpuBackend:
         launch_kernels: list[int] = []  # per generated launch: the kernel's ordinal (profiling)
         fallbacks: list[str] = []
         schedules: dict[str, str] = {}  # kernel structural key -> how it runs (for explain)
+        per_kernel = check_numerics.enabled(options)  # one entry point per kernel, observed (numerics check)
+        kernel_slots: list[tuple[list[int], list[int]]] = []  # per kernel ordinal: input and output slots
 
-        def flush() -> None:
+        def flush(kernel: int = -1) -> None:
             nonlocal current
             if current:
                 name = f"nf_seg_{len(segments)}"
                 segments.append((name, current))
-                steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3])))
+                steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3]), kernel=kernel))
                 current = []
 
         ordinal = -1
@@ -208,6 +211,9 @@ class CpuBackend:
                 steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name, kernel=ordinal))
                 counts["torch"] += 1
                 fallbacks.append(f"{kernel.name}: {plan.reason}")
+            kernel_slots.append((ins, outs))
+            if per_kernel:
+                flush(ordinal)
         flush()
         layout.pack_all(target.threads)
         outputs = [layout.output_spec(v) for v in list(graph.outputs) + [new for _, new in graph.mutations]]
@@ -224,6 +230,9 @@ class CpuBackend:
                 "target": target.describe()}
         program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
         program.schedules = schedules
+        program.kernel_slots = kernel_slots
+        if per_kernel:
+            check_numerics.install_cpu(program, graph)
         _log_codegen.info("cpu: %d kernels, %d distinct functions in %d segments, %d library and %d torch steps; "
                           "library %s in %.2f s (plan %.2f s)", ordinal + 1, len(gens), len(segments),
                           counts["library"], counts["torch"], how, t2 - t1, t1 - t0)
