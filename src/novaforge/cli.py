@@ -5,6 +5,8 @@
     novaforge cache    info | verify | clear [--older-than DAYS]: the on-disk kernel cache
     novaforge bench    benchmarks against eager, torch.compile, ONNX Runtime, OpenVINO (see --help)
     novaforge ops      the lowering table (which ATen ops become IR primitives, which go extern)
+    novaforge fuzz     differential fuzzing against eager (--seeds N --backend cpu|triton; see --help)
+    novaforge bisect   the pass and decision that make a model's compiled result differ (FILE.py[:NAME])
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="novaforge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["demo", "report", "cache", "bench", "ops"], help="what to run")
+    parser.add_argument("command", choices=["demo", "report", "cache", "bench", "ops", "fuzz", "bisect"],
+                        help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -42,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         from .report.ops_table import main as ops_main
 
         return ops_main(rest)
+    if cmd in ("fuzz", "bisect"):
+        from .bisect import main as bisect_main
+        from .fuzz.runner import main as fuzz_main
+
+        return (fuzz_main if cmd == "fuzz" else bisect_main)(rest)
     parser.error(f"unknown command {cmd!r}")
     return 2
 
