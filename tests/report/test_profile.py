@@ -38,9 +38,11 @@ def test_every_kernel_is_timed_including_torch_steps():
 
 
 def test_kernels_plus_overhead_match_the_wall_time():
-    model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512), nn.LayerNorm(512)).eval()
-    x = torch.randn(64, 512)
-    _, prof = _profiled(model, x, runs=10)
+    # ~2 GFLOP per call (10-50 ms here): the wrapper's microseconds, and a time slice lost to another
+    # process while in Python, stay far below 10% of the wall time
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), nn.LayerNorm(1024)).eval()
+    x = torch.randn(128, 1024)
+    _, prof = _profiled(model, x, runs=8)
     assert prof.wall_s > 0 and prof.kernels_s > 0 and prof.overhead_s >= 0
     # measured independently (wall outside the call, kernels inside the generated code)
     assert prof.accounted_s <= prof.wall_s * 1.02
