@@ -46,7 +46,7 @@ def test_names_plan_memory_and_the_inplace_decision(monkeypatch):
 
 
 def test_clean_model_and_codegen_bug(monkeypatch, tmp_path):
-    r = bisect(Model(), torch.randn(4, 8), backend="cpu")
+    r = novaforge.bisect(Model(), torch.randn(4, 8), backend="cpu")  # the top-level API
     assert r.pass_index is None and not r.differs and "nothing to bisect" in r.verdict
     from novaforge.codegen.cpu import cexpr
 

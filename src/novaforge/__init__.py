@@ -11,10 +11,12 @@ __version__ = "0.1.0"
 
 from . import report  # noqa: E402  (callable: novaforge.report(model, *inputs, path=...))
 from .api import CompiledModule, compile  # noqa: E402
+from .bisect import bisect  # noqa: E402  (novaforge.bisect(model, *inputs): the guilty pass and decision)
 from .frontend.capture import CaptureError  # noqa: E402
 from .frontend.lower import UnsupportedError  # noqa: E402
 
-__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "compile", "explain", "report"]
+__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "explain",
+           "report"]
 
 
 def explain(model, *args, **kwargs):
