@@ -8,10 +8,12 @@ forward, sees the original: a thread-local depth counter (`capturing()`) tells t
 to step aside while a compile is tracing.
 
 Bounded programs: unless the caller chose a cache (`past_key_values=` or
-`cache_implementation=`), generation uses transformers' `StaticCache` (a preallocated cache of
-the generation's maximum length, written in place at `cache_position`; the attention mask does
-the rest). Every decoding step then has the same shapes, so one generation builds two
-programs (the prefill and one decode step) whatever the number of new tokens. With the default
+`cache_implementation=`), generation uses transformers' `StaticCache`: a preallocated cache of
+the generation's maximum length rounded up to a multiple of `CACHE_BUCKET` positions, written
+in place at `cache_position` (the CPU backend updates the caller's cache tensors in place: one
+row per step, no copies); the attention mask does the rest. Every decoding step then has the
+same shapes, so one generation builds two programs (the prefill and one decode step) whatever
+the number of new tokens, and generations whose lengths round to the same bucket share them. With the default
 `DynamicCache` the cache grows every step and each length is a new program (symbolic shapes
 will lift that). transformers' own automatic `torch.compile` of the forward is switched off
 (`disable_compile=True`): novaforge already compiles it.
@@ -73,6 +75,30 @@ def static_cache_supported(model: Any) -> bool:
     return bool(getattr(model, "_can_compile_fullgraph", False) or getattr(model, "_supports_static_cache", False))
 
 
+CACHE_BUCKET = 128  # static caches are sized in multiples of this many positions
+
+
+def _bucketed_static_cache(model: Any, args: tuple, kwargs: dict, gen_config: Any) -> Any:
+    """A StaticCache for prompt + new tokens, rounded up to a multiple of CACHE_BUCKET, so that
+    generations of similar lengths share their programs (the mask hides the unused positions).
+    None when the lengths cannot be read from the call (transformers then sizes the cache)."""
+    import torch
+
+    ids = args[0] if args else kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    new = kwargs.get("max_new_tokens") or getattr(gen_config, "max_new_tokens", None)
+    total = ids.shape[1] + new if new else (kwargs.get("max_length") or getattr(gen_config, "max_length", None))
+    if not total:
+        return None
+    try:
+        from transformers import StaticCache
+    except ImportError:
+        return None
+    length = -(-int(total) // CACHE_BUCKET) * CACHE_BUCKET
+    return StaticCache(config=model.config, max_cache_len=length)
+
+
 def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
     """`compiled.fn.generate(*args, **kwargs)` with the compiled forward (see the module docstring)."""
     model = compiled.fn
@@ -81,7 +107,11 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
                    or getattr(gen_config, "cache_implementation", None) is not None)
     static = compiled.options.get("generate_cache", "static") == "static"
     if not chose_cache and static and static_cache_supported(model):
-        kwargs["cache_implementation"] = "static"
+        cache = _bucketed_static_cache(model, args, kwargs, gen_config)
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        else:
+            kwargs["cache_implementation"] = "static"
     kwargs.setdefault("disable_compile", True)
     with forward_replaced(model, compiled):
         return model.generate(*args, **kwargs)

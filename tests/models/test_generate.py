@@ -74,3 +74,17 @@ def test_generate_through_torch_compile_forward(cache):
     assert built >= 2
     if cache == "static":
         assert built <= 3, built
+
+
+def test_lengths_in_one_bucket_share_programs_and_the_cache_is_updated_in_place():
+    model, x, _ = build("llama", batch=1, seq=PROMPT)
+    compiled = novaforge.compile(model, freeze=True)
+    for new in (5, 20, 40):
+        want = _eager(model, x, new)
+        with torch.no_grad():
+            got = compiled.generate(x, max_new_tokens=new, do_sample=False)
+        assert torch.equal(got, want), new
+    assert compiled.compilations == 2  # 8 + 40 <= 128 positions: one static cache size
+    decode = max(compiled._programs.values(), key=lambda e: e.stats.program.calls).stats.program
+    inplace = [st for st in decode.steps if st.attrs.get("inplace_target") == "aten.index_copy_.default"]
+    assert len(inplace) == 2 * 2  # K and V of both layers: written in place, never copied back

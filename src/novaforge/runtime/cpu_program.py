@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..ir import OPS, Graph, Node
+from ..ir.extern import call_extern
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from .interpret import interpret
@@ -201,6 +202,21 @@ class CpuProgram:
             return run_sdpa
         assert st.kind == "torch" and st.body is not None
         body, ins, outs = st.body, st.ins, st.outs
+        if st.attrs.get("inplace_target"):  # the extern's in-place form on the input's own buffer
+            target = st.attrs["inplace_target"]
+            nodes = [(m, OPS[m.op].impl if not m.op.startswith("extern") else None) for m in body.nodes]
+            inputs = [(bi.value, s) for bi, s in zip(body.inputs, ins, strict=True)]
+
+            def run_inplace() -> None:
+                vals = {v: env[s] for v, s in inputs}
+                for m, impl in nodes:
+                    args = [vals[v] for v in m.inputs]
+                    if impl is None:
+                        call_extern(target, m.attrs["spec"], args)  # args[0]: the input's buffer
+                    else:
+                        vals[m.outputs[0]] = impl(args, m.attrs)
+
+            return run_inplace
 
         def run_torch() -> None:
             res = interpret(body, [env[s] for s in ins])

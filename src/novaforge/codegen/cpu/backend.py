@@ -30,7 +30,7 @@ import torch
 
 from ... import logs
 from ...cache.store import cache_key, library_cache
-from ...ir import Graph, Kernel, Value
+from ...ir import OPS, Graph, Kernel, Value
 from ...ir.types import TensorType
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
@@ -208,7 +208,9 @@ class CpuBackend:
                     counts["generated"] += 1
             else:
                 flush()
-                steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name, kernel=ordinal))
+                attrs = {"inplace_target": layout.inplace[id(n)]} if id(n) in layout.inplace else {}
+                steps.append(StepSpec("torch", body=kernel.body, ins=ins, outs=outs, label=kernel.name, kernel=ordinal,
+                                      attrs=attrs))
                 counts["torch"] += 1
                 fallbacks.append(f"{kernel.name}: {plan.reason}")
             kernel_slots.append((ins, outs))
@@ -368,10 +370,20 @@ class _Layout:
         self.scratch_bytes = 0
         fresh = 0
         self._views: dict[Value, tuple[Value, tuple]] = {}
+        # kernels that update a mutated input in place (a KV cache's index_copy): kernel -> target
+        self.inplace: dict[int, str] = {}
+        self._inplace_of: dict[Value, Value] = {}
+        updates = _inplace_updates(graph, self._input_pos)
         for n in graph.nodes:
             if n.op != "kernel":
                 src, chain = self._views.get(n.inputs[0], (n.inputs[0], ()))
                 self._views[n.outputs[0]] = (src, chain + (n,))
+                continue
+            if id(n) in updates:
+                target, x = updates[id(n)]
+                self.inplace[id(n)] = target
+                self._slot[n.outputs[0]] = self._slot[x]
+                self._inplace_of[n.outputs[0]] = x
                 continue
             for o in n.outputs:
                 if o in plan.fresh:
@@ -459,10 +471,55 @@ class _Layout:
             return OutputSpec("const", tensor=self._const[v])
         if v in self._input_pos:
             return OutputSpec("input", input=self._input_pos[v])
+        if v in self._inplace_of:  # the input's own (bound, contiguous) buffer, updated in place
+            return OutputSpec("slot", slot=self.slot_of(v))
         s = self.slot_of(v)
         if self.slots[s].kind != "fresh":
             raise ValueError(f"output {v!r} lives in the arena")
         return OutputSpec("slot", slot=s)
+
+
+def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tuple[str, Value]]:
+    """Kernel nodes (by id) that may write a mutated graph input in place: one extern (its other
+    arguments possibly views) whose ATen op has an in-place form (`index_copy` -> `index_copy_`),
+    whose first argument is the input itself, whose result is the input's new value, and after
+    which nothing reads the old value. Then the new value is computed into the input's buffer
+    and its write-back copies nothing (a static KV cache is updated by one row instead of
+    copied twice per step)."""
+    new_of = {new: old for old, new in graph.mutations}
+    later_use: dict[Value, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            later_use[v] = i
+    out: dict[int, tuple[str, Value]] = {}
+    for i, n in enumerate(graph.nodes):
+        if n.op != "kernel" or len(n.outputs) != 1 or new_of.get(n.outputs[0]) is None:
+            continue
+        x = new_of[n.outputs[0]]
+        body = n.attrs["kernel"].body
+        ext = [m for m in body.nodes if m.op in ("extern", "extern_effect")]
+        others_are_views = all(OPS[m.op].has("view") for m in body.nodes if m not in ext)
+        if x not in input_pos or len(ext) != 1 or not others_are_views or later_use.get(x, -1) > i:
+            continue
+        e = ext[0]
+        target = _inplace_target(e.attrs["target"])
+        if target is None or body.outputs[0] is not e.outputs[0] or not e.inputs:
+            continue
+        k = next((j for j, bv in enumerate(body.inputs) if bv.value is e.inputs[0]), None)
+        if k is None or n.inputs[k] is not x or sum(1 for v in n.inputs if v is x) != 1:
+            continue
+        out[id(n)] = (target, x)
+    return out
+
+
+def _inplace_target(target: str) -> str | None:
+    """'aten.index_copy.default' -> 'aten.index_copy_.default' when that overload exists."""
+    ns, _, rest = target.partition(".")
+    name, _, overload = rest.partition(".")
+    if ns != "aten" or name not in ("index_copy", "index_put", "scatter", "slice_scatter", "index_fill"):
+        return None
+    packet = getattr(torch.ops.aten, name + "_", None)
+    return f"aten.{name}_.{overload}" if packet is not None and hasattr(packet, overload) else None
 
 
 def _describe_plan(plan) -> str:
