@@ -499,7 +499,8 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
         body = n.attrs["kernel"].body
         ext = [m for m in body.nodes if m.op in ("extern", "extern_effect")]
         others_are_views = all(OPS[m.op].has("view") for m in body.nodes if m not in ext)
-        if x not in input_pos or len(ext) != 1 or not others_are_views or later_use.get(x, -1) > i:
+        if x not in input_pos or len(ext) != 1 or not others_are_views or later_use.get(x, -1) > i \
+                or x in graph.outputs:
             continue
         e = ext[0]
         target = _inplace_target(e.attrs["target"])
