@@ -62,13 +62,15 @@ def test_new_weights_are_read_at_load_not_cached(cache_dir):
     torch.testing.assert_close(out.logits, want, atol=1e-5 * want.abs().max().item(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("change", ["config", "shape", "kwarg", "training", "option"])
+@pytest.mark.parametrize("change", ["config", "attention", "shape", "kwarg", "training", "option"])
 def test_key_changes_with_what_the_trace_depends_on(change, cache_dir):
     model, ids = _gpt2(), torch.randint(0, 64, (1, 10))
     base = graph_cache.key_for(model, pytrees.flatten(((ids,), {})), True, {})
     args, kwargs, opts = (ids,), {}, {}
     if change == "config":
         model = _gpt2(activation_function="relu")
+    elif change == "attention":  # a private config setting that is not in the config's JSON
+        model.config._attn_implementation = "eager" if model.config._attn_implementation != "eager" else "sdpa"
     elif change == "shape":
         args = (torch.randint(0, 64, (1, 11)),)
     elif change == "kwarg":

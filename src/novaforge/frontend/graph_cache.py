@@ -124,7 +124,9 @@ def _describe(v: Any, memo: dict[int, str], depth: int = 0) -> str:
         if code is not None:
             out += ":" + hashlib.sha256(code.co_code).hexdigest()[:16]
     elif hasattr(v, "to_json_string") and callable(v.to_json_string):  # a transformers config
-        out = f"{_class_path(type(v))}:{v.to_json_string(use_diff=False)}"
+        # its JSON leaves out private settings that steer the traced code (_attn_implementation)
+        private = {k: x for k, x in sorted(vars(v).items()) if k.startswith("_")}
+        out = f"{_class_path(type(v))}:{v.to_json_string(use_diff=False)}:{_describe(private, memo, depth + 1)}"
     elif isinstance(v, torch.nn.Module):
         out = f"module {_class_path(type(v))}"  # described where it is a submodule
     elif depth < 2 and hasattr(v, "__dict__"):
