@@ -1,0 +1,117 @@
+"""The differential fuzzer (novaforge/fuzz): reproducible programs, an oracle that catches
+wrong values and contract breaks, a shrinker, and a few hundred seeds per CI run (subprocess
+batches: a crash is a finding, not the end)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from novaforge.fuzz import runner
+from novaforge.fuzz.generator import generate
+from novaforge.fuzz.oracle import Finding, _alias_pairs, check, compare_values
+from novaforge.fuzz.program import Meta, Program, Step, analyze, instantiate
+from novaforge.fuzz.shrink import candidates, shrink
+
+
+def test_programs_are_reproducible_and_valid():
+    for seed in range(40):
+        a, b = generate(seed, "cpu"), generate(seed, "cpu")
+        assert a.source() == b.source() and a.freeze == b.freeze
+        assert analyze(a).ok, seed
+    kinds = " ".join(generate(s, "cpu").source() for s in range(200))
+    for needle in ("@", "sum(", ".to(torch.int64)", "BF16", "_(", "self.", "torch.int64", "torch.bool",
+                   ".transpose(-1, -2)", "[..., ::2]", "(0,", "grid_init"):
+        assert needle in kinds, needle  # every family, dtype and layout shows up
+
+
+def test_exactness_tracking():
+    p = Program(0, [], [], [])
+    from novaforge.fuzz.program import InputSpec
+
+    p.inputs = [InputSpec("x0", (4, 8), "F32", 1), InputSpec("x1", (8, 3), "BF16", 2)]
+    p.steps = [Step("v1", "x0 @ x1.to(F32)", ("x0", "x1"), "matmul", arg=8),
+               Step("v2", "torch.tanh(v1)", ("v1",), "inexact"),
+               Step("v3", "v1 > 0", ("v1",), "pred", needs_exact=True),
+               Step("v4", "v1.to(BF16)", ("v1",), "keep")]
+    p.outputs = ["v2", "v3", "v4"]
+    a = analyze(p)
+    assert a.ok and a.meta["v1"].exact and not a.meta["v2"].exact and a.meta["v3"].exact
+    assert not a.meta["v4"].exact  # |v1| <= 72 on a 1/64 grid needs 13 bits: not exact in bfloat16
+    p.steps.append(Step("v5", "v2 > 0", ("v2",), "pred", needs_exact=True))
+    assert not analyze(p).ok  # a discontinuity may not read an inexact value
+
+
+def test_value_bound():
+    m = Meta(False, eps=2.0 ** -23, depth=3, red=8)
+    want = torch.randn(100)
+    ref = want.double()
+    assert compare_values(want.nextafter(want * 2), want, ref, m) == ""
+    assert "value differs" in compare_values(want * 1.01, want, ref, m)
+    exact = Meta(True, 3.0, 1 / 8)
+    g = torch.arange(5.0)
+    assert compare_values(g, g, g.double(), exact) == ""
+    assert "exact value differs" in compare_values(g.nextafter(g + 1), g, g.double(), exact)
+    i = torch.arange(4)
+    assert "exact value differs" in compare_values(i.flip(0), i, i, exact)
+
+
+def test_alias_pairs():
+    x = torch.randn(4)
+    outs = [x.view(2, 2), x + 1, torch.empty(0)]
+    ins = [x, torch.empty(0)]
+    assert _alias_pairs(outs, ins) == ({(0, 0)}, set())
+
+
+def test_oracle_catches_a_planted_codegen_bug(monkeypatch, tmp_path):
+    from novaforge.codegen.cpu import cexpr
+
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(cexpr.UNARY_FLOAT_FN, "sin", "nf_tanh")
+    p = Program(1, [], [], [])
+    from novaforge.fuzz.program import InputSpec
+
+    p.inputs = [InputSpec("x0", (3, 5), "F32", 7)]
+    p.steps = [Step("v1", "torch.sin(x0) * 2", ("x0",), "inexact"), Step("v2", "x0 + 1", ("x0",), "addc", arg=1)]
+    p.outputs = ["v2", "v1"]
+    f = check(p, "cpu")
+    assert f is not None and f.kind == "wrong" and f.output == 1 and "(v1," in f.detail
+    small, sf, n = shrink(p, f, "cpu", budget=10)
+    assert sf.kind == "wrong" and small.outputs == ["v1"] and len(small.steps) == 1
+    assert "torch.sin(x0)" in small.snippet("cpu", sf.detail) and n <= 10
+
+
+def test_shrinker_reaches_a_minimal_program():
+    p = next(q for q in map(generate, range(100)) if len(q.steps) >= 6)
+    target = p.steps[len(p.steps) // 2].expr.split("(")[0]
+
+    def fails(q: Program) -> Finding | None:  # "fails" while the target op is still there
+        return Finding("wrong", "planted", "wrong") if any(s.expr.split("(")[0] == target for s in q.steps) else None
+
+    small, f, _ = shrink(p, Finding("wrong", "planted", "wrong"), "cpu", budget=200, checker=fails)
+    assert f is not None and len(small.steps) < len(p.steps) and fails(small) is not None
+    # 1-minimal: no single reduction of the result is both valid and still failing
+    assert not [c for c in candidates(small, f) if analyze(c).ok and fails(c) is not None]
+    cls, make = instantiate(small)
+    with torch.no_grad():
+        cls()(*make())  # still a valid program
+
+
+def test_a_dying_worker_is_a_finding_and_the_run_goes_on():
+    s = runner.run(list(range(4)), "interpret", jobs=1, batch=4, shrink=0, worker_args=["--abort-at", "2"])
+    assert [r["seed"] for r in s.results] == [0, 1, 2, 3]
+    died = [r for r in s.results if r["status"] == "died"]
+    assert [r["seed"] for r in died] == [2] and "worker died" in died[0]["detail"]
+    assert s.unknown and "died" in s.text()
+
+
+# a few hundred seeds per CI run (about a minute on 2 cores); `novaforge fuzz` runs any number
+@pytest.mark.parametrize("backend,seeds", [("cpu", range(0, 60)), ("interpret", range(1000, 1150)),
+                                           ("triton", range(2000, 2020))])
+def test_ci_seeds(backend, seeds):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    s = runner.run(list(seeds), backend, jobs=2, batch=40, shrink=0)
+    assert len(s.results) == len(seeds)
+    assert not s.unknown, s.text()
+    assert s.count("ok") >= 0.9 * len(seeds)
