@@ -30,7 +30,6 @@ Invariant: the callable returned for an ATen graph computes exactly what the gra
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,9 @@ from typing import Any
 import torch
 import torch.fx
 
-log = logging.getLogger("novaforge.dynamo")
+from .. import logs
+
+log = logs.get_logger("dynamo")
 
 # Decompositions applied while AOTAutograd traces: torch's core-ATen table, minus the ops we
 # lower better ourselves (attention stays one op).
@@ -119,7 +120,10 @@ class _AtenGraphProgram:
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
-        if _is_static(example_inputs):
+        static = _is_static(example_inputs)
+        log.info("graph received (%s), %s inputs%s", _describe_graph(gm), len(example_inputs),
+                 "" if static else ", dynamic: compiled per concrete signature")
+        if static:
             self.programs[_signature(example_inputs)] = self._build_or_fallback(gm)
 
     def _build_or_fallback(self, gm: torch.fx.GraphModule) -> Any:
@@ -261,6 +265,7 @@ def _compile_aten(options: dict[str, Any]):
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
         from torch._functorch.aot_autograd import make_boxed_func
 
+        logs.configure()  # NOVAFORGE_LOGS applies to the Dynamo entry point too
         program = _AtenGraphProgram(gm, example_inputs, options)
 
         def run(*args: Any):

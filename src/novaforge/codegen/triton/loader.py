@@ -21,12 +21,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ... import settings
+
 _loaded: dict[str, Any] = {}
 
 
 def cache_root() -> Path:
-    root = os.environ.get("NOVAFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "novaforge")
-    return Path(root)
+    return settings.cache_root()
 
 
 def source_dir() -> Path:
@@ -38,7 +39,7 @@ def source_dir() -> Path:
 def dump_dir(options: dict[str, Any] | None = None) -> Path | None:
     """Where generated sources are copied for inspection: options['dump_dir'], or
     $NOVAFORGE_DEBUG (a directory; '1' means ./novaforge_debug); None when neither is set."""
-    d = (options or {}).get("dump_dir") or os.environ.get("NOVAFORGE_DEBUG")
+    d = (options or {}).get("dump_dir") or settings.debug_dir()
     if not d or d == "0":
         return None
     path = Path("novaforge_debug" if d == "1" else d) / "triton"
@@ -91,8 +92,8 @@ def load_kernel(source: str, interpret: bool) -> Any:
     if fn is not None:
         return fn
     path = source_dir() / f"nf_{h[:24]}.py"
-    try:
-        ok = path.read_text() == source
+    try:  # any bytes in the file (another encoding, truncation): compared as bytes, rewritten
+        ok = path.read_bytes() == source.encode()
     except OSError:
         ok = False
     if not ok:
