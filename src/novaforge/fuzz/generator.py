@@ -176,7 +176,7 @@ class _Gen:
         choices = [("{a} + {b}", "add"), ("{a} - {b}", "add"), ("{a} * {b}", "mul"),
                    ("torch.maximum({a}, {b})", "keep"), ("torch.minimum({a}, {b})", "keep")]
         if tb_float:
-            choices += [("{a} / ({b}.abs() + 1)", "inexact"), ("torch.atan2({a}, {b})", "inexact"),
+            choices += [("{a} / ({b}.abs() + 1)", "inexact"), ("torch.atan2({a}, {b}.abs() + 1)", "inexact"),
                         ("torch.hypot({a}, {b})", "inexact"), ("torch.lerp({a}, {b}, 0.25)", "inexact")]
         else:
             choices += [("{a} & {b}", "add"), ("{a} | {b}", "add")]

@@ -11,10 +11,12 @@ shows). Every call runs under `torch.no_grad()` and checks, in this order:
 * values: an exact value (see `program.Meta`: a binary-grid value that every evaluation
   order computes without rounding) must be bit-identical; any other float value must satisfy,
   element by element, |compiled - ref64| <= 8 |eager - ref64| + eps (4 + 2 depth + red)
-  (|ref64| + mean |ref64|), where ref64 is the same program in float64: eager's own error is
-  the estimate of how ill-conditioned the value is, and the second term allows the rounding of
-  a different (fused, reordered) evaluation of the value's depth and reduction length in its
-  worst dtype; non-finite values must match eager's class (nan, +inf, -inf);
+  (|ref64| + mean |ref64|) + eps (2 + depth) scale, where ref64 is the same program in float64:
+  eager's own error is the estimate of how ill-conditioned the value is, the second term allows
+  the rounding of a different (fused, reordered) evaluation of the value's depth and reduction
+  length in its worst dtype, and the third the absolute rounding of the magnitudes it was
+  computed from (`scale`: a log-sum of probabilities is 0 up to the rounding of their sum, 1);
+  non-finite values must match eager's class (nan, +inf, -inf);
 * aliasing: an output shares storage with an input, or with another output, exactly when
   eager's does (zero-size tensors excluded);
 * layout: an output eager returns contiguous is contiguous;
@@ -75,7 +77,8 @@ def bound(ref: torch.Tensor, eager: torch.Tensor, meta: Meta) -> torch.Tensor:
     e = eager.double()
     scale = float(r.abs().mean()) if r.numel() else 0.0
     eps = max(meta.eps, 2.0 ** -24)
-    return 8 * (e - r).abs() + eps * (4 + 2 * meta.depth + meta.red) * (r.abs() + scale) + 1e-30
+    return (8 * (e - r).abs() + eps * (4 + 2 * meta.depth + meta.red) * (r.abs() + scale)
+            + eps * (2 + meta.depth) * meta.scale + 1e-30)
 
 
 def compare_values(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor, meta: Meta) -> str:

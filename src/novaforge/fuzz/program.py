@@ -13,7 +13,8 @@ runs the same text with both bound to float64.
 `analyze` re-runs the steps eagerly, one at a time, and derives each value's `Meta`:
 whether it is computed *exactly* (a value on a binary grid small enough that every rounding
 is exact in its dtype, whatever the evaluation order, so a compiler must reproduce it bit for
-bit), its rounding unit, depth and accumulated reduction length (the error bound's inputs).
+bit), its rounding unit, depth, accumulated reduction length and the largest mean magnitude of
+the values it was computed from (the error bound's inputs).
 Invariant: a step flagged `needs_exact` (comparisons, float->int casts, argmax, ...) only reads
 exact values in a valid program, so rounding differences can never flip a discontinuity.
 """
@@ -170,6 +171,7 @@ class Meta:
     eps: float = 0.0  # largest rounding unit the value went through (0: exact)
     depth: int = 0
     red: int = 0  # accumulated reduction length along the way
+    scale: float = 0.0  # largest mean |value| along the way (absolute rounding after cancellation)
 
     @staticmethod
     def of_input(t: torch.Tensor, spec: InputSpec | None = None) -> Meta:
@@ -279,7 +281,7 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
     meta: dict[str, Meta] = {}
     for spec, t in zip(prog.inputs, inputs, strict=True):
         ns[spec.name] = t
-        meta[spec.name] = Meta.of_input(t, spec)
+        meta[spec.name] = replace(Meta.of_input(t, spec), scale=_mean_abs(t))
     for name, t in list(module.named_parameters()) + list(module.named_buffers()):
         meta["self." + name] = Meta.of_input(t)
     with torch.no_grad():
@@ -296,7 +298,7 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
                 return Analysis(False, error=f"{st.out}: not a tensor")
             if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                 return Analysis(False, error=f"{st.out}: not finite")
-            new = _rule(st, reads, t)
+            new = replace(_rule(st, reads, t), scale=max([m.scale for m in reads] + [_mean_abs(t)]))
             meta[st.out] = new
             if st.inplace:
                 # an in-place step changed every tensor sharing its storage: merge their Metas
@@ -312,8 +314,16 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
     return Analysis(True, values, meta)
 
 
+def _mean_abs(t: torch.Tensor) -> float:
+    if t.numel() == 0 or t.dtype == torch.bool:
+        return 0.0
+    v = float(t.double().abs().mean())
+    return v if math.isfinite(v) else 0.0
+
+
 def _worst(a: Meta, b: Meta) -> Meta:
+    scale = max(a.scale, b.scale)
     if a.exact and b.exact:
-        return Meta(True, max(a.mag, b.mag), min(a.q, b.q), 0.0, max(a.depth, b.depth), max(a.red, b.red))
+        return Meta(True, max(a.mag, b.mag), min(a.q, b.q), 0.0, max(a.depth, b.depth), max(a.red, b.red), scale)
     return Meta(False, math.inf, min(a.q, b.q), max(a.eps, b.eps, EPS[torch.float32]), max(a.depth, b.depth),
-                max(a.red, b.red))
+                max(a.red, b.red), scale)

@@ -15,7 +15,8 @@ inputs it received, during a real call of the program:
   runs and its results are returned.
 
 Tolerance, per element of a float output: |got - ref64| <= 8 |ref - ref64| + eps (4 + 2 ops +
-red) (|ref64| + mean |ref64|), where ref is the interpreter in the IR's dtypes, ref64 the body
+red) (|ref64| + mean |ref64|) + eps (2 + ops) scale, where scale is the largest mean |input| (the
+absolute rounding of a result that cancels to ~0), ref the interpreter in the IR's dtypes, ref64 the body
 interpreted on float64 copies of the inputs (casts inside still round), eps the rounding unit
 of the lowest-precision float dtype in the kernel, ops the number of body nodes and red the
 summed reduction lengths (reduced elements, matmul K, attention keys). Integer and bool
@@ -28,6 +29,7 @@ output, the worst element and its inputs' origins.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +103,12 @@ class KernelNumerics:
     eps: float
     ops: int
     red: int
+    scale: float = 0.0  # largest mean |input|: absolute rounding of results that cancel to ~0
+
+    def with_inputs(self, args: Sequence[torch.Tensor]) -> KernelNumerics:
+        means = [float(a.double().abs().mean()) for a in args if a.numel() and a.dtype != torch.bool]
+        finite = [m for m in means if math.isfinite(m)]
+        return KernelNumerics(self.eps, self.ops, self.red, max(finite, default=0.0))
 
     @staticmethod
     def of(body: Graph) -> KernelNumerics:
@@ -130,7 +138,8 @@ def compare(got: torch.Tensor, ref: torch.Tensor, ref64: torch.Tensor, num: Kern
         return f"has a non-finite mismatch at {list(i)}: {g[i].item()} vs reference {r[i].item()}"
     r64 = torch.where(torch.isfinite(r64), r64, r)
     scale = float(r64[fin].abs().mean()) if bool(fin.any()) else 0.0
-    tol = 8 * (r - r64).abs() + num.eps * (4 + 2 * num.ops + num.red) * (r64.abs() + scale) + 1e-30
+    tol = (8 * (r - r64).abs() + num.eps * (4 + 2 * num.ops + num.red) * (r64.abs() + scale)
+           + num.eps * (2 + num.ops) * num.scale + 1e-30)
     err = (g - r64).abs()
     bad = fin & (err > tol)
     if not bool(bad.any()):
@@ -155,7 +164,7 @@ def check_kernel(node: Node, args: Sequence[torch.Tensor], got: Sequence[torch.T
         ref64 = interpret(body, _upcast(args), check=False)
     except Exception:  # noqa: BLE001 - an op without a float64 kernel: compare with ref alone
         ref64 = ref
-    num = KernelNumerics.of(body)
+    num = KernelNumerics.of(body).with_inputs(args)
     for j, (o, g, r, r64) in enumerate(zip(node.outputs, got, ref, ref64, strict=False)):
         msg = compare(g, r, r64, num)
         if msg:
