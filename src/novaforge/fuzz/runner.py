@@ -1,6 +1,6 @@
 """Running the fuzzer: seeds in subprocess batches, findings grouped, the first of each shrunk.
 
-    novaforge fuzz --seeds 1000 [--start 0] [--backend cpu|triton] [--jobs 2] [--batch 50]
+    novaforge fuzz --seeds 1000 [--start 0] [--backend cpu|triton] [--jobs 2] [--batch 50] [--numerics]
                    [--timeout 120] [--shrink 1] [--out results.jsonl] [--repro DIR]
 
 Each batch of seeds runs in a worker process (`python -m novaforge.fuzz.runner --worker`),
@@ -68,7 +68,7 @@ def _emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def worker(backend: str, seeds: Iterable[int], abort_at: int | None = None) -> None:
+def worker(backend: str, seeds: Iterable[int], abort_at: int | None = None, numerics: bool = False) -> None:
     import warnings
 
     from .generator import generate
@@ -86,7 +86,7 @@ def worker(backend: str, seeds: Iterable[int], abort_at: int | None = None) -> N
             _emit({"seed": seed, "status": "generator_error", "detail": f"{type(e).__name__}: {e}"})
             continue
         try:
-            f = check(prog, backend)
+            f = check(prog, backend, {"check": "numerics"} if numerics else None)
         except Exception as e:  # noqa: BLE001 - an oracle bug or an eager failure
             _emit({"seed": seed, "status": "oracle_error", "detail": f"{type(e).__name__}: {e}"})
             continue
@@ -99,7 +99,7 @@ def worker(backend: str, seeds: Iterable[int], abort_at: int | None = None) -> N
         _emit(res)
 
 
-def worker_shrink(backend: str, seed: int, budget: int) -> None:
+def worker_shrink(backend: str, seed: int, budget: int, numerics: bool = False) -> None:
     import warnings
 
     from .generator import generate
@@ -107,12 +107,20 @@ def worker_shrink(backend: str, seed: int, budget: int) -> None:
     from .shrink import shrink
 
     warnings.filterwarnings("ignore")
+    options = {"check": "numerics"} if numerics else None
     prog = generate(seed, backend)
-    f = check(prog, backend)
+    f = check(prog, backend, options)
     if f is None or not f.is_failure():
         _emit({"seed": seed, "status": "not_reproduced"})
         return
-    small, sf, n = shrink(prog, f, backend, budget=budget)
+
+    def checker(p):
+        try:
+            return check(p, backend, options)
+        except ValueError:
+            return None
+
+    small, sf, n = shrink(prog, f, backend, budget=budget, checker=checker)
     _emit({"seed": seed, "status": "shrunk", "checks": n, "steps": len(small.steps), "kind": sf.kind,
            "detail": sf.detail, "snippet": small.snippet(backend, sf.detail)})
 
@@ -289,17 +297,19 @@ def run(seeds: list[int], backend: str = "cpu", jobs: int = 1, batch: int = 50, 
             if rs[0].get("status") != "finding":
                 continue
             for r in rs[:shrink]:
-                summary.shrunk.setdefault(sig, _shrink_one(backend, r["seed"], shrink_budget, env, timeout * 30))
+                summary.shrunk.setdefault(sig, _shrink_one(backend, r["seed"], shrink_budget, env, timeout * 30,
+                                                           worker_args or []))
     if sink is not None:
         sink.close()
     return summary
 
 
-def _shrink_one(backend: str, seed: int, budget: int, env: dict[str, str], timeout: float) -> dict:
+def _shrink_one(backend: str, seed: int, budget: int, env: dict[str, str], timeout: float,
+                extra: list[str]) -> dict:
     try:
         p = subprocess.run([sys.executable, "-m", "novaforge.fuzz.runner", "--worker-shrink", str(seed), "--backend",
-                            backend, "--budget", str(budget)], capture_output=True, text=True, env=env,
-                           timeout=timeout)
+                            backend, "--budget", str(budget), *[a for a in extra if a == "--numerics"]],
+                           capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": "shrink_timeout"}
     for line in p.stdout.splitlines():
@@ -325,17 +335,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-shrink", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--list", help=argparse.SUPPRESS)
     ap.add_argument("--abort-at", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--numerics", action="store_true",
+                    help="compile with check='numerics' (every kernel against the interpreter, slower)")
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.backend, [int(s) for s in args.list.split(",") if s], args.abort_at)
+        worker(args.backend, [int(s) for s in args.list.split(",") if s], args.abort_at, args.numerics)
         return 0
     if args.worker_shrink is not None:
-        worker_shrink(args.backend, args.worker_shrink, args.budget)
+        worker_shrink(args.backend, args.worker_shrink, args.budget, args.numerics)
         return 0
     timeout = args.timeout or (600.0 if args.backend == "triton" else 120.0)
     seeds = list(range(args.start, args.start + args.seeds))
     summary = run(seeds, args.backend, jobs=args.jobs, batch=args.batch, timeout=timeout, shrink=args.shrink,
-                  shrink_budget=args.budget, out=args.out, progress=True)
+                  shrink_budget=args.budget, out=args.out, progress=True,
+                  worker_args=["--numerics"] if args.numerics else None)
     print(summary.text())
     if args.repro is not None:
         args.repro.mkdir(parents=True, exist_ok=True)
