@@ -16,9 +16,11 @@ roll/repeat/cat/stack/chunk/pad/tril/contiguous/clone), matmul/einsum/bmm/linear
 inputs or parameters, indexing (index_select, gather, advanced indexing, masked_fill,
 index_add, embedding), casts, generators (ones, arange, full_like), in-place ops (on fresh
 clones, on intermediates, on inputs and views of inputs: input mutation), and module layers
-with parameters (Linear, LayerNorm, Embedding, RMSNorm, Conv1d). Shapes use odd, size-1 and
-zero-size dims; inputs may be transposed, strided or expanded (non-contiguous). The Triton
-backend gets smaller programs (its CPU interpreter is slow).
+with parameters (Linear, LayerNorm, Embedding, RMSNorm, Conv1d), attention (written out with
+masks, causal and GQA, or as scaled_dot_product_attention). Shapes use odd, size-1 and
+zero-size dims; one CPU program in 12 uses large dims (33 ... 128: vector tails, GEMM
+blocking); inputs may be transposed, strided or expanded (non-contiguous). The Triton backend
+gets smaller programs (its CPU interpreter is slow).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from .program import Analysis, InputSpec, Program, Step, analyze
 
 DIMS = (1, 1, 2, 3, 3, 4, 5, 7, 8, 9, 16, 17)
+LARGE_DIMS = (1, 3, 8, 16, 33, 64, 100, 128)  # vector tails, GEMM blocking: 1 program in 12 (CPU)
 
 
 class _Skip(Exception):
@@ -45,7 +48,9 @@ class _Gen:
     def __init__(self, seed: int, backend: str) -> None:
         self.rng = random.Random(seed)
         self.small = backend == "triton"
-        self.max_numel = 256 if self.small else 2048
+        self.large = not self.small and self.rng.random() < 1 / 12
+        self.max_numel = 256 if self.small else 16384 if self.large else 2048
+        self.dims = LARGE_DIMS if self.large else DIMS[:9] if self.small else DIMS
         self.fd = "BF16" if self.rng.random() < 0.25 else "F32"
         self.prog = Program(seed, [], [], [], freeze=self.rng.random() < 0.2,
                             note=f"{'bfloat16' if self.fd == 'BF16' else 'float32'}")
@@ -62,7 +67,7 @@ class _Gen:
         rng = self.rng
         rank = rng.choice((0, 1, 1, 2, 2, 2, 3, 3, 4)) if rank is None else rank
         for _ in range(20):
-            s = [rng.choice(DIMS[:9] if self.small else DIMS) for _ in range(rank)]
+            s = [rng.choice(self.dims) for _ in range(rank)]
             if s and rng.random() < 0.06:
                 s[rng.randrange(rank)] = 0
             n = 1
@@ -374,7 +379,7 @@ class _Gen:
         a = self.pick(lambda t: t.is_floating_point() and t.dim() >= 1)
         ta = self.t(a)
         k = ta.shape[-1]
-        n = rng.choice((1, 3, 4, 5, 8, 16))
+        n = rng.choice((1, 3, 4, 5, 8, 16) + ((33, 64, 96) if self.large else ()))
         dt = _dtype_code(ta.dtype)
         kind = rng.choice(["param", "input", "linear", "linear_mod", "einsum", "bmm", "self"])
         if kind == "self" and ta.dim() >= 2:
@@ -545,9 +550,44 @@ class _Gen:
                 f"dtype={_dtype_code(ta.dtype)}), {rng.randrange(10**6)})")
         return Step(self.name("v"), f"self.{m}({a})", (a,), "matmul1", arg=cin * k + 1, init=(init,))
 
+    def attention(self) -> Step:
+        """softmax(q k^T * s [+ mask]) v, written out or as F.scaled_dot_product_attention (the
+        shapes fuse_attention rewrites: heads, GQA, causal, masks)."""
+        rng = self.rng
+        cands = self.values(lambda t: t.is_floating_point() and t.dim() == 4 and 0 < t.shape[-1] <= 64
+                            and t.shape[-2] > 0)
+        dt = self.fd
+        if cands and rng.random() < 0.5:
+            q = rng.choice(cands)
+            b, h, t, d = self.t(q).shape
+            dt = _dtype_code(self.t(q).dtype)
+        else:
+            b, h = rng.choice((1, 2)), rng.choice((1, 2, 4))
+            t, d = rng.choice((1, 3, 8, 16) + ((33, 64) if self.large else ())), rng.choice((4, 8, 16))
+            q = self.new_input((b, h, t, d), dt)
+        hk = rng.choice([x for x in (1, h) if h % x == 0])  # GQA: fewer key/value heads
+        tk = rng.choice((t, max(t // 2, 1), t + 3))
+        k, v = self.new_input((b, hk, tk, d), dt), self.new_input((b, hk, tk, d), dt)
+        causal = tk == t and rng.random() < 0.4
+        scale = 1 / d ** 0.5
+        if rng.random() < 0.5:
+            gqa = ", enable_gqa=True" if hk != h else ""
+            return Step(self.name("v"), f"F.scaled_dot_product_attention({q}, {k}, {v}, is_causal={causal}{gqa})",
+                        (q, k, v), "reduce", arg=2 * tk * d)
+        rep = f".repeat_interleave({h // hk}, 1)" if hk != h else ""
+        scores = f"({q} @ {k}{rep}.transpose(-1, -2)) * {scale!r}"
+        if causal:
+            scores = f"{scores}.masked_fill(torch.ones({t}, {tk}, dtype=torch.bool).triu(1), float('-inf'))"
+        elif rng.random() < 0.3:
+            m = self.new_input((1, 1, t, tk), dt)
+            scores = f"({scores} + {m})"
+            return Step(self.name("v"), f"torch.softmax({scores}, -1) @ {v}{rep}", (q, k, v, m), "reduce",
+                        arg=2 * tk * d)
+        return Step(self.name("v"), f"torch.softmax({scores}, -1) @ {v}{rep}", (q, k, v), "reduce", arg=2 * tk * d)
+
     FAMILIES = (("unary", 14), ("binary", 14), ("compare", 5), ("where", 5), ("reduce", 10), ("norm", 3),
                 ("shape_op", 14), ("matmul", 6), ("index", 6), ("cast", 5), ("generator", 2), ("inplace", 6),
-                ("conv", 1))
+                ("conv", 1), ("attention", 2))
 
     # ------------------------------------------------------------------ driver
     def seed_inputs(self) -> None:
