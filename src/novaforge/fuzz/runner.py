@@ -49,6 +49,10 @@ KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
      "frontend/pytrees.py: an output that is a view of a later output is returned as a copy"),
     ("crash", r"setStorage: .* out of bounds", ("cpu", "triton", "interpret"),
      "frontend/pytrees.py:154: rebuilding (y.chunk(..)[0], y) views the larger output from the smaller"),
+    ("crash", r"ufunc 'bitwise_and' not supported", ("triton",),
+     "codegen/triton/exprs.py _pow helper (float pow by a non-integer scalar) fails in the interpreter"),
+    ("crash", r"more than one element of the written-to tensor refers to a single memory location", ("cpu", "triton"),
+     "api.py write-back of a mutated input into an expanded (stride-0) input; eager's fill_ accepts it"),
     ("crash", r"GuardOnDataDependentSymNode", ("cpu", "triton", "interpret"),
      "frontend/capture_fx.py: boolean-mask indexing followed by a reduction is a CaptureError, not an "
      "UnsupportedError naming aten.index.Tensor"),
