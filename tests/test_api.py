@@ -126,3 +126,28 @@ def test_explain_report_lists_passes_kernels_and_metrics():
         assert section in text, section
     assert rep.metrics["kernels"] == 2  # matmul+bias+relu (+scale), layernorm
     assert rep.metrics["fusion_gain_ratio"] >= 2
+
+
+def test_capture_leaves_the_users_module_alone():
+    """Tracing runs on a shadow of the module tree: hooks a library installs lazily during the
+    traced call (transformers' output capturing) are not installed on the user's module too."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=16, use_cache=False,
+                                  attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2Model(cfg).eval()
+    ids = torch.randint(0, 50, (1, 8))
+
+    def hooks(m):
+        return sum(len(sub._forward_hooks) for sub in m.modules())
+
+    before = hooks(model)
+    compiled = novaforge.compile(model, freeze=True)
+    with torch.no_grad():
+        got = compiled(ids, output_attentions=True)
+        assert hooks(model) == before
+        want = model(ids, output_attentions=True)
+    assert len(want.attentions) == 2 and not torch.equal(want.attentions[0], want.attentions[1])
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -434,7 +434,7 @@ def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
     def fake_compile(so, isa, extra):  # copy instead of compiling: the logic, not the compiler, is under test
         calls.append(so.name)
         shutil.copyfile(real, so)
-        so.with_suffix(".sha256").write_text(build._sha256(so))
+        so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
 
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_compile", fake_compile)
@@ -455,7 +455,7 @@ def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
     def fake_compile(so, isa, extra):
         calls.append(so.name)
         shutil.copyfile(real, so)
-        so.with_suffix(".sha256").write_text(build._sha256(so))
+        so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
 
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_compile", fake_compile)

@@ -108,7 +108,9 @@ _CAPTURE_LOCK = threading.RLock()
 
 def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of the module tree that shares every parameter, buffer and attribute value but has
-    its own parameter/buffer/submodule tables. Tracing swaps fake tensors into those tables
+    its own parameter/buffer/submodule and hook tables (a library that installs hooks lazily at
+    its first call, as transformers' output capturing does, must not install them twice on the
+    user's module). Tracing swaps fake tensors into those tables
     (`functional_call`), so tracing the shadow leaves the user's module untouched for eager
     code running in other threads. A forward that `novaforge.generation` installed on an
     instance is dropped from the shadow (it traces the module's own forward)."""
@@ -123,6 +125,9 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
         d["_parameters"] = dict(m._parameters)
         d["_buffers"] = dict(m._buffers)
         d["_modules"] = {k: (go(v) if v is not None else None) for k, v in m._modules.items()}
+        for k, v in list(d.items()):  # hooks installed while tracing stay on the shadow
+            if "hooks" in k and isinstance(v, dict):
+                d[k] = type(v)(v)
         fwd = d.get("forward")
         if fwd is not None and getattr(fwd, "_novaforge_replaced", False):
             own = fwd._novaforge_own
