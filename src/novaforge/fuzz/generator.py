@@ -555,7 +555,7 @@ class _Gen:
         shapes fuse_attention rewrites: heads, GQA, causal, masks)."""
         rng = self.rng
         cands = self.values(lambda t: t.is_floating_point() and t.dim() == 4 and 0 < t.shape[-1] <= 64
-                            and t.shape[-2] > 0)
+                            and t.numel() > 0)
         dt = self.fd
         if cands and rng.random() < 0.5:
             q = rng.choice(cands)
