@@ -28,12 +28,9 @@ import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, Node, TensorType, Value, make_node
 from ..ir.extern import encode
-from ..ir.types import DTYPE_SHORT, is_float, normalize_axis, normalize_device
+from ..ir.types import DTYPE_SHORT, is_float, normalize_axis, normalize_device, opmath_dtype
 
-
-def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype ATen kernels compute 16-bit float math in (float32); other dtypes are unchanged."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+__all__ = ["InputSpec", "LowerCtx", "UnsupportedError", "lower_fx", "opmath_dtype"]
 
 
 class UnsupportedError(NotImplementedError):
@@ -131,6 +128,10 @@ class LowerCtx:
             else:
                 return set(range(len(self.out_types)))
         return used
+
+    def unsupported(self, problem: str) -> UnsupportedError:
+        """The error a rule raises for a case it cannot compile (`raise ctx.unsupported(...)`)."""
+        return UnsupportedError(self.describe(problem))
 
     def describe(self, problem: str) -> str:
         target = _target_name(self.target) if self.fx_node is not None else "?"

@@ -1,4 +1,8 @@
-"""Lowering rules for elementwise ATen ops, tensor creation and copies.
+"""Composite lowering rules for elementwise ATen ops, tensor creation and copies.
+
+The rules of ATen ops that are one IR op (exp, add, eq, where, cast, ...) stand beside that
+op's record in ir/ops/elementwise.py; this file holds the ATen ops built from several IR ops
+(clamp, the composite activations, lerp, division modes, fills, copies, dropout at p=0).
 
 Dtype rule: binary IR ops take operands of one dtype. Arithmetic computes in the ATen result
 dtype (from the FX node's fake value); comparisons compute in the promoted operand dtype
@@ -15,11 +19,14 @@ from typing import Any
 
 import torch
 
+from ..ir.ops.elementwise import UNARY_ANY, UNARY_FLOAT, as_bool, lower_div, lower_floordiv
 from ..ir.types import is_float
-from .lower import LowerCtx, UnsupportedError, opmath_dtype
+from .lower import LowerCtx, opmath_dtype
 
 aten = torch.ops.aten
 RULES: dict[Any, Any] = {}
+UNARY_TARGETS = {name: name for name in (*UNARY_FLOAT, *UNARY_ANY)}  # ATen op -> IR op (rules in ir/ops)
+__all__ = ["RULES", "UNARY_TARGETS", "as_bool", "composite", "fill", "fill_like", "rule"]
 
 
 def rule(*targets):
@@ -31,61 +38,12 @@ def rule(*targets):
     return deco
 
 
-def _promote(ctx: LowerCtx, a: Any, b: Any) -> torch.dtype:
-    """ATen's promoted dtype of two operands (0-d tensors and Python numbers promote weakly)."""
-
-    def meta(x: Any) -> Any:
-        f = ctx.fake(x)
-        if isinstance(f, torch.Tensor):
-            return torch.empty((1,) if f.dim() else (), dtype=f.dtype, device="meta")
-        return f
-
-    return torch.result_type(meta(a), meta(b))
-
-
-def _binary(op: str):
-    def lower(ctx: LowerCtx, a, b, *, alpha=1):
-        dt = ctx.out_type.dtype
-        if alpha == 1:
-            return ctx.emit(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
-        acc = opmath_dtype(dt)  # a op alpha * b rounds once, as in ATen
-        y = ctx.emit("mul", [ctx.tensor(b, acc), ctx.scalar(alpha, acc)])
-        return ctx.cast(ctx.emit(op, [ctx.tensor(a, acc), y]), dt)
-
-    return lower
-
-
-for _op, _targets in {
-    "add": (aten.add.Tensor, aten.add.Scalar),
-    "sub": (aten.sub.Tensor, aten.sub.Scalar),
-    "mul": (aten.mul.Tensor, aten.mul.Scalar),
-    "maximum": (aten.maximum.default,),
-    "minimum": (aten.minimum.default,),
-    "remainder": (aten.remainder.Tensor, aten.remainder.Scalar),
-    "atan2": (aten.atan2.default,),
-    "pow": (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar),
-}.items():
-    for _t in _targets:
-        RULES[_t] = _binary(_op)
-
-
-@rule(aten.rsub.Tensor, aten.rsub.Scalar)
-def _rsub(ctx, a, b, *, alpha=1):
-    return _binary("sub")(ctx, b, a, alpha=alpha)
-
-
-@rule(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
-def _div(ctx, a, b):
-    dt = ctx.out_type.dtype
-    return ctx.emit("div", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
-
-
 @rule(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx, a, b, *, rounding_mode=None):
     if rounding_mode is None:
-        return _div(ctx, a, b)
+        return lower_div(ctx, a, b)
     if rounding_mode == "floor":
-        return _floordiv(ctx, a, b)
+        return lower_floordiv(ctx, a, b)
     dt = ctx.out_type.dtype
     if is_float(dt):  # trunc(a / b), the quotient taken in float32 for 16-bit floats
         acc = opmath_dtype(dt)
@@ -104,117 +62,6 @@ def trunc_divide(ctx: LowerCtx, x, y):
     signs_differ = ctx.emit("ne", [ctx.emit("lt", [x, zero]), ctx.emit("lt", [y, zero])])
     fix = ctx.emit("logical_and", [inexact, signs_differ])
     return ctx.emit("where", [fix, ctx.emit("add", [q, ctx.scalar(1, dt, dev)]), q])
-
-
-@rule(aten.floor_divide.default, aten.floor_divide.Scalar)
-def _floordiv(ctx, a, b):
-    """`floor_divide` for every dtype: for floats it is ATen's fmod-based floor division, which
-    differs from floor(a / b) when the rounded quotient lands on an integer (1 // 0.1 == 9)."""
-    dt = ctx.out_type.dtype
-    return ctx.emit("floor_divide", [ctx.tensor(a, dt), ctx.tensor(b, dt)])
-
-
-def _compare(op: str):
-    def lower(ctx: LowerCtx, a, b):
-        dt = _promote(ctx, a, b)
-        return ctx.emit(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
-
-    return lower
-
-
-for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
-    for _ov in ("Tensor", "Scalar"):
-        RULES[getattr(getattr(aten, _op), _ov)] = _compare(_op)
-
-
-ROUNDING = frozenset({"floor", "ceil", "round", "trunc"})
-
-
-def _unary(op: str):
-    def lower(ctx: LowerCtx, x, *args, **kwargs):
-        dt = ctx.out_type.dtype
-        if op in ROUNDING and not is_float(dt):  # integers are already whole
-            return ctx.tensor(x, dt)
-        return ctx.emit(op, [ctx.tensor(x, dt)])
-
-    return lower
-
-
-UNARY_TARGETS = {
-    "exp": "exp", "exp2": "exp2", "log": "log", "log1p": "log1p", "log2": "log2", "expm1": "expm1",
-    "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh",
-    "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
-    "sigmoid": "sigmoid", "erf": "erf", "reciprocal": "reciprocal", "floor": "floor", "ceil": "ceil",
-    "round": "round", "trunc": "trunc", "silu": "silu", "neg": "neg", "abs": "abs", "sign": "sign",
-    "relu": "relu", "bitwise_not": "bitwise_not",
-}
-for _name, _op in UNARY_TARGETS.items():
-    RULES[getattr(aten, _name).default] = _unary(_op)
-
-
-@rule(aten.gelu.default)
-def _gelu(ctx, x, approximate="none"):
-    return ctx.emit("gelu", [ctx.val(x)], approximate=approximate)
-
-
-@rule(aten.isnan.default, aten.isinf.default, aten.isfinite.default)
-def _isx(ctx, x):
-    op = {aten.isnan.default: "isnan", aten.isinf.default: "isinf", aten.isfinite.default: "isfinite"}[ctx.target]
-    return ctx.emit(op, [ctx.val(x)])
-
-
-def as_bool(ctx: LowerCtx, a: Any):
-    if isinstance(a, bool | int | float):
-        return ctx.scalar(bool(a), torch.bool)
-    v = ctx.val(a)
-    if v.type.dtype == torch.bool:
-        return v
-    return ctx.emit("ne", [v, ctx.scalar(0, v.type.dtype, v.type.device)])
-
-
-@rule(aten.logical_not.default)
-def _lnot(ctx, x):
-    return ctx.emit("logical_not", [as_bool(ctx, x)])
-
-
-def _logical(op: str):
-    def lower(ctx, a, b):
-        return ctx.emit(op, [as_bool(ctx, a), as_bool(ctx, b)])
-
-    return lower
-
-
-for _op in ("logical_and", "logical_or", "logical_xor"):
-    RULES[getattr(aten, _op).default] = _logical(_op)
-
-
-def _bitwise(op: str, logical: str):
-    def lower(ctx, a, b):
-        dt = ctx.out_type.dtype
-        if dt == torch.bool:
-            return ctx.emit(logical, [as_bool(ctx, a), as_bool(ctx, b)])
-        return ctx.emit(op, [ctx.tensor(a, dt), ctx.tensor(b, dt)])
-
-    return lower
-
-
-for _op, _lop, _dunder in (("bitwise_and", "logical_and", "__and__"), ("bitwise_or", "logical_or", "__or__"),
-                           ("bitwise_xor", "logical_xor", "__xor__")):
-    for _tgt in (getattr(aten, _op).Tensor, getattr(aten, _op).Scalar, getattr(aten, _dunder).Tensor,
-                 getattr(aten, _dunder).Scalar):
-        RULES[_tgt] = _bitwise(_op, _lop)
-
-
-@rule(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
-def _where(ctx, c, a, b):
-    dt = ctx.out_type.dtype
-    return ctx.emit("where", [as_bool(ctx, c), ctx.tensor(a, dt), ctx.tensor(b, dt)])
-
-
-@rule(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
-def _masked_fill(ctx, x, mask, value):
-    dt = ctx.out_type.dtype
-    return ctx.emit("where", [as_bool(ctx, mask), ctx.tensor(value, dt), ctx.tensor(x, dt)])
 
 
 @rule(aten.clamp.default, aten.clamp.Tensor, aten.clip.default)
@@ -326,7 +173,7 @@ def _celu(ctx, v, alpha=1.0):
 @rule(aten.glu.default)
 def _glu(ctx, x, dim=-1):
     """first half * sigmoid(second half) along `dim`, in the opmath dtype."""
-    from .lower_shape import slice_value
+    from ..ir.ops.shape import slice_value
 
     v = ctx.opmath(ctx.val(x))
     ax = ctx.axis(dim, v.type.rank)
@@ -432,12 +279,6 @@ def _ones(ctx, *args, **kwargs):
     return fill(ctx, 1)
 
 
-@rule(aten.scalar_tensor.default)
-def _scalar_tensor(ctx, value, **kwargs):
-    t = ctx.out_type
-    return ctx.scalar(value, t.dtype, t.device)
-
-
 @rule(aten.fill.Scalar)
 def _fill_scalar(ctx, x, value):
     return fill(ctx, value)
@@ -449,21 +290,6 @@ def _fill_tensor(ctx, x, value):
     return ctx.expand(ctx.cast(ctx.val(value), t.dtype), t.shape)
 
 
-@rule(aten.arange.default, aten.arange.start, aten.arange.start_step)
-def _arange(ctx, *args, **kwargs):
-    nums = [a for a in args]
-    if len(nums) == 1:
-        start, step = 0, 1
-    elif len(nums) == 2:
-        start, step = nums[0], 1
-    else:
-        start, step = nums[0], nums[2]
-    t = ctx.out_type
-    if not all(isinstance(x, int | float) for x in (start, step)):
-        raise UnsupportedError(ctx.describe("arange with tensor bounds"))
-    return ctx.emit("iota", (), length=t.shape[0], start=start, step=step, dtype=t.dtype, device=t.device)
-
-
 # ------------------------------------------------------------------------------ copies
 def identity(ctx: LowerCtx, x, *args, **kwargs):
     return ctx.val(x)
@@ -473,16 +299,6 @@ for _t in (aten.clone.default, aten.contiguous.default, aten.alias.default, aten
            aten.lift_fresh_copy.default, aten.lift_fresh.default, aten.resolve_conj.default,
            aten.resolve_neg.default, aten.positive.default):
     RULES[_t] = identity
-
-
-@rule(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other,
-      aten.type_as.default)
-def _to(ctx, x, *args, **kwargs):
-    t = ctx.out_type
-    v = ctx.val(x)
-    if v.type.device != t.device:
-        return ctx.extern("device copy")
-    return ctx.cast(v, t.dtype)
 
 
 @rule(aten.copy.default)

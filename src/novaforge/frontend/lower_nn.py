@@ -1,4 +1,8 @@
-"""Lowering rules for reductions, normalizations, softmax, matmul and attention.
+"""Composite lowering rules for reductions, normalizations, softmax, matmul and attention.
+
+The rules of ATen ops that are one IR op (sum, amax, argmax, mm, linear, sdpa, ...) stand
+beside that op's record (ir/ops/reduction.py, ir/ops/matmul.py); this file holds the ATen ops
+built from several IR ops.
 
 Composite ops (mean, var, softmax, layer/RMS/batch/group norm, logsumexp, cross-entropy) are
 decomposed into IR primitives here, so that the fuse pass rebuilds each of them as one kernel
@@ -18,30 +22,17 @@ from collections.abc import Sequence
 
 import torch
 
-from ..ir.types import is_float
+from ..ir.ops.matmul import operands
+from ..ir.ops.reduction import arg_reduce, reduce, reduce_axes, reduced_size
 from .lower import LowerCtx, UnsupportedError
 from .lower_elementwise import as_bool, fill, rule
+
+__all__ = ["layer_norm", "logsumexp", "mean", "reduce", "reduced_size", "softmax", "variance"]
 
 aten = torch.ops.aten
 
 
-def _axes(ctx: LowerCtx, v, dim) -> tuple[int, ...]:
-    r = v.type.rank
-    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
-        return tuple(range(r))
-    if isinstance(dim, int):
-        dim = [dim]
-    return tuple(sorted({ctx.axis(d, r) for d in dim}))
-
-
-def reduced_size(v, axes: Sequence[int]) -> int:
-    return math.prod(v.type.shape[a] for a in axes) if v.type.rank else 1
-
-
-def reduce(ctx: LowerCtx, op: str, v, axes: Sequence[int], keepdim: bool):
-    if v.type.rank == 0:
-        return v
-    return ctx.emit(op, [v], axes=tuple(axes), keepdim=keepdim)
+_axes = reduce_axes
 
 
 def mean(ctx: LowerCtx, v, axes: Sequence[int], keepdim: bool):
@@ -58,39 +49,11 @@ def variance(ctx: LowerCtx, v, axes, keepdim: bool, correction: float = 0.0):
     return ctx.emit("div", [ss, ctx.scalar(max(n - correction, 0), v.type.dtype, v.type.device)]), m
 
 
-@rule(aten.sum.default, aten.sum.dim_IntList)
-def _sum(ctx, x, dim=None, keepdim=False, *, dtype=None):
-    t = ctx.out_type  # the IR sum accumulates 16-bit floats in float32, as ATen does
-    v = ctx.cast(ctx.val(x), t.dtype)
-    return reduce(ctx, "sum", v, _axes(ctx, v, dim), keepdim)
-
-
 @rule(aten.mean.default, aten.mean.dim)
 def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     t = ctx.out_type
     v = ctx.opmath(ctx.cast(ctx.val(x), t.dtype))
     return ctx.cast(mean(ctx, v, _axes(ctx, v, dim), keepdim), t.dtype)
-
-
-@rule(aten.prod.default, aten.prod.dim_int)
-def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
-    t = ctx.out_type
-    v = ctx.cast(ctx.val(x), t.dtype)
-    return reduce(ctx, "prod", v, _axes(ctx, v, dim), keepdim)
-
-
-@rule(aten.amax.default, aten.amin.default)
-def _amax(ctx, x, dim=(), keepdim=False):
-    v = ctx.val(x)
-    op = "max" if ctx.target is aten.amax.default else "min"
-    return reduce(ctx, op, v, _axes(ctx, v, dim), keepdim)
-
-
-@rule(aten.max.default, aten.min.default)
-def _max_all(ctx, x):
-    v = ctx.val(x)
-    op = "max" if ctx.target is aten.max.default else "min"
-    return reduce(ctx, op, v, _axes(ctx, v, None), False)
 
 
 @rule(aten.max.dim, aten.min.dim)
@@ -99,24 +62,7 @@ def _max_dim(ctx, x, dim, keepdim=False):
     is_max = ctx.target is aten.max.dim
     axes = _axes(ctx, v, dim)
     return (reduce(ctx, "max" if is_max else "min", v, axes, keepdim),
-            _arg(ctx, v, axes, keepdim, "argmax" if is_max else "argmin"))
-
-
-def _arg(ctx, v, axes, keepdim, op):
-    if v.type.rank == 0:
-        return ctx.scalar(0, torch.int64, v.type.device)
-    return ctx.emit(op, [v], axes=tuple(axes), keepdim=keepdim)
-
-
-@rule(aten.argmax.default, aten.argmin.default)
-def _argmax(ctx, x, dim=None, keepdim=False):
-    v = ctx.val(x)
-    op = "argmax" if ctx.target is aten.argmax.default else "argmin"
-    if dim is None:
-        flat = ctx.reshape(v, (v.type.numel,))
-        out = _arg(ctx, flat, (0,), False, op)
-        return ctx.reshape(out, ctx.out_type.shape)
-    return _arg(ctx, v, _axes(ctx, v, dim), keepdim, op)
+            arg_reduce(ctx, v, axes, keepdim, "argmax" if is_max else "argmin"))
 
 
 @rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
@@ -382,109 +328,10 @@ def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
 
 
 # ------------------------------------------------------------------------------ matmul
-def matmul(ctx: LowerCtx, a, b):
-    """torch.matmul semantics, including 1-D operands."""
-    squeeze_m = squeeze_n = False
-    if a.type.rank == 1:
-        a, squeeze_m = ctx.reshape(a, (1, a.type.shape[0])), True
-    if b.type.rank == 1:
-        b, squeeze_n = ctx.reshape(b, (b.type.shape[0], 1)), True
-    out = ctx.emit("matmul", [a, b])
-    shape = out.type.shape
-    if squeeze_n:
-        shape = shape[:-1]
-    if squeeze_m:
-        shape = shape[:-2] + shape[-1:] if not squeeze_n else shape[:-1]
-    return ctx.reshape(out, shape)
-
-
-def _operands(ctx: LowerCtx, *args):
-    vals = [ctx.val(a) for a in args if a is not None]
-    dt = ctx.out_type.dtype
-    return [ctx.cast(v, dt) for v in vals]
-
-
-def _same_dtype(ctx: LowerCtx, *args) -> None:
-    """Eager's matrix products require one dtype for all operands (a float64 or int64 input to a
-    float32 nn.Linear raises there), so they raise here too, as RuntimeError."""
-    dtypes = {ctx.val(a).type.dtype for a in args if a is not None}
-    if len(dtypes) > 1:
-        a, b = sorted(dtypes, key=str)[:2]
-        raise RuntimeError(ctx.describe(f"expected all operands to have the same dtype, but got {a} and {b}"))
-
-
-@rule(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
-def _mm(ctx, a, b):
-    _same_dtype(ctx, a, b)
-    x, y = _operands(ctx, a, b)
-    return matmul(ctx, x, y)
-
-
-def _scaled(ctx, v, s):
-    return v if s == 1 else ctx.emit("mul", [v, ctx.scalar(s, v.type.dtype)])
-
-
-@rule(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
-def _addmm(ctx, bias, a, b, *, beta=1, alpha=1):
-    _same_dtype(ctx, bias, a, b)
-    x, y = _operands(ctx, a, b)
-    out = _scaled(ctx, matmul(ctx, x, y), alpha)
-    if beta == 0:
-        return out
-    c = _scaled(ctx, ctx.cast(ctx.val(bias), out.type.dtype), beta)
-    return ctx.emit("add", [out, c])
-
-
-@rule(aten.linear.default)
-def _linear(ctx, x, weight, bias=None):
-    _same_dtype(ctx, x, weight, bias)
-    v, w = _operands(ctx, x, weight)
-    wt = ctx.permute(w, (1, 0)) if w.type.rank == 2 else w
-    out = matmul(ctx, v, wt)
-    if bias is not None:
-        out = ctx.emit("add", [out, ctx.cast(ctx.val(bias), out.type.dtype)])
-    return out
-
-
 @rule(aten.outer.default)
 def _outer(ctx, a, b):
-    x, y = _operands(ctx, a, b)
+    x, y = operands(ctx, a, b)
     return ctx.emit("mul", [ctx.reshape(x, (x.type.shape[0], 1)), ctx.reshape(y, (1, y.type.shape[0]))])
-
-
-# --------------------------------------------------------------------------- attention
-def attention(ctx: LowerCtx, q, k, v, mask, is_causal: bool, scale):
-    """One `attention` node; rank-2 q/k/v (no head axis) get a unit head axis around it."""
-    qv, kv, vv = (ctx.val(a) for a in (q, k, v))
-    dt = qv.type.dtype
-    if not is_float(dt):
-        raise UnsupportedError(ctx.describe("attention on non-float tensors"))
-    scale = 1.0 / math.sqrt(qv.type.shape[-1]) if scale is None else float(scale)
-    ins = [qv, ctx.cast(kv, dt), ctx.cast(vv, dt)]
-    if mask is not None:
-        m = ctx.val(mask)
-        ins.append(m if m.type.dtype == torch.bool else ctx.cast(m, dt))
-    if qv.type.rank == 2:
-        ins = [ctx.reshape(a, (1,) + a.type.shape) for a in ins]
-    out = ctx.emit("attention", ins, scale=scale, causal=bool(is_causal))
-    return ctx.reshape(out, ctx.out_types[0].shape)
-
-
-@rule(aten.scaled_dot_product_attention.default)
-def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    if dropout_p:
-        return ctx.extern("attention dropout")
-    return attention(ctx, q, k, v, attn_mask, is_causal, scale)
-
-
-@rule(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if dropout_p:
-        return ctx.extern("attention dropout")
-    if ctx.used_outputs() - {0}:
-        return ctx.extern("attention's logsumexp output is used")
-    out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
-    return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
 
 
 @rule(aten.convolution.default, aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,

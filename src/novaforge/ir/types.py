@@ -38,6 +38,17 @@ def is_int(dtype: torch.dtype) -> bool:
     return dtype in INT_DTYPES
 
 
+def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ATen kernels compute 16-bit float math in (float32); other dtypes are unchanged."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Does `shape`, right-aligned, broadcast to `target` (each dim 1 or equal; rank not higher)?"""
+    off = len(target) - len(shape)
+    return off >= 0 and all(s in (1, target[off + i]) for i, s in enumerate(shape))
+
+
 def normalize_device(device: torch.device | str) -> str:
     """'cpu', 'cuda:0', ... (a bare 'cuda' becomes 'cuda:<current>')."""
     d = torch.device(device)

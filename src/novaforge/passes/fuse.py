@@ -225,7 +225,7 @@ class _Grouper:
                 continue
             if d.has("anchor"):
                 self.add(self.new("matmul" if n.op == "matmul" else "attention", n.outputs[0].type.shape), n)
-            elif d.has("reduction") and n.op in ("sum", "max", "min", "prod"):
+            elif d.reduce is not None:  # a combining reduction (sum, prod, max, min)
                 self.place_reduction(n)
             elif d.has("elementwise") and len(n.outputs) == 1:
                 self.place_elementwise(n)

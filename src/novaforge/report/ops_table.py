@@ -34,7 +34,7 @@ CTX_HELPERS: dict[str, set[str]] = {
     "cast": {"cast"}, "opmath": {"cast"}, "scalar": {"scalar"}, "tensor": {"cast", "scalar"},
     "reshape": {"reshape"}, "permute": {"permute"}, "expand": {"expand"}, "extern": {"extern"},
 }
-FRONTEND = "novaforge.frontend"
+FRONTEND = ("novaforge.frontend", "novaforge.ir.ops")  # modules whose helpers a rule's analysis follows
 
 
 @dataclass
@@ -184,9 +184,19 @@ def summary() -> str:
     return "\n".join(lines)
 
 
+_GROUPS = {"Elementwise, creation and copies": ("lower_elementwise", "elementwise", "generators"),
+           "Views, data movement, indexing": ("lower_shape", "shape", "indexing"),
+           "Reductions, normalization, matmul, attention": ("lower_nn", "reduction", "matmul")}
+
+
 def _group(module: str) -> str:
-    return {"lower_elementwise": "Elementwise, creation and copies", "lower_shape": "Views, data movement, indexing",
-            "lower_nn": "Reductions, normalization, matmul, attention"}.get(module.rsplit(".", 1)[-1], module)
+    last = module.rsplit(".", 1)[-1]
+    return next((g for g, mods in _GROUPS.items() if last in mods), module)
+
+
+def rule_file(module: str) -> str:
+    """Where a rule is defined, relative to src/novaforge ('ir/ops/elementwise.py')."""
+    return module.removeprefix("novaforge.").replace(".", "/") + ".py"
 
 
 def markdown() -> str:
@@ -209,6 +219,10 @@ def markdown() -> str:
         "   `compiled.stats().captured.externs` and reported by `novaforge.explain`; an op whose",
         "   output shape depends on tensor data raises `UnsupportedError` instead.",
         "",
+        "A rule that lowers an ATen op to one IR op stands beside that op's record",
+        "(`ir/ops/<family>.py`, `@op.lowers(...)`); composites built from several IR ops are in",
+        "`frontend/lower_*.py`. The last column says which file holds the rule.",
+        "",
         "Primitives are read from each rule's code over all of its branches, so a rule may use",
         "fewer of them for a given call. `scalar` (0-d constants) and `cast` appear wherever",
         "Python numbers or dtype promotion are involved; composites on 16-bit floats compute in",
@@ -220,11 +234,12 @@ def markdown() -> str:
     for r in infos:
         by_group.setdefault(_group(r.module), []).append(r)
     for group in sorted(by_group):
-        out += [f"## {group}", "", "| ATen overload | IR primitives | kept as extern when |", "|---|---|---|"]
+        out += [f"## {group}", "", "| ATen overload | IR primitives | kept as extern when | rule in |",
+                "|---|---|---|---|"]
         for r in by_group[group]:
             prims = ", ".join(f"`{p}`" for p in sorted(r.emits)) or "(none)"
             ext = "; ".join(r.extern_when) if r.extern_when else ""
-            out.append(f"| `{r.target.removeprefix('aten.')}` | {prims} | {ext} |")
+            out.append(f"| `{r.target.removeprefix('aten.')}` | {prims} | {ext} | `{rule_file(r.module)}` |")
         out.append("")
     rows = uncovered_core_ops()
     out += [

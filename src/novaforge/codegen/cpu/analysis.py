@@ -184,7 +184,7 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
             continue
         if len(n.outputs) != 1:
             raise Unsupported(f"{n.op} with {len(n.outputs)} outputs")
-        if not (d.has("elementwise") or n.op in ("sum", "max", "min", "prod")):
+        if not (d.has("elementwise") or d.reduce is not None):
             raise Unsupported(f"op {n.op} in a generated loop")
         if any(v in info.store_views for v in n.inputs):
             raise Unsupported(f"{n.op} reads a reshaped computed value")

@@ -34,7 +34,6 @@ from .attention import plan_flash_attention
 from .cexpr import check_dtype
 from .columns import lane_dim, render_reduction_columns
 from .loops import (
-    EXPENSIVE_OPS,
     GenKernel,
     body_dtypes,
     function_name,
@@ -104,7 +103,7 @@ def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, 
         if lane is not None and info.space[lane] < target.vector_floats:
             inner_reduced = True  # too few neighbouring rows to fill a vector: row order
         n_red = sum(1 for n in info.computed if OPS[n.op].has("reduction"))
-        expensive = any(n.op in EXPENSIVE_OPS for n in info.computed) and n_red > 1
+        expensive = any(OPS[n.op].transcendental for n in info.computed) and n_red > 1
         shape = KernelShape("reduction", outer=rows, inner=inner, reduce=red, inner_reduced=inner_reduced,
                             flops=flops, bytes=nbytes, passes=n_red + 1, expensive_cross_pass=expensive)
         sched = configure(shape, target)
@@ -234,7 +233,7 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
                 return KernelPlan("gen", gen=plan_cat(kernel, target))
             if op == "gather":
                 return KernelPlan("gen", gen=plan_gather(kernel, target))
-            if op in ("sum", "max", "min", "prod"):
+            if op is not None and OPS[op].reduce is not None:
                 return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
         raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
     except Unsupported as e:

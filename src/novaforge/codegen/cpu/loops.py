@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import OPS, Graph, Node, Value
+from ...ir.ops import extreme
 from ...schedule.cpu import CpuSchedule
 from .analysis import BodyInfo, Leaf, Unsupported
 from .cexpr import FLOATS, compute_type, literal, load_expr, op_expr, storage_type, store_expr
@@ -317,30 +318,32 @@ def render_pointwise(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
 
 
 # ------------------------------------------------------------------------------ reductions
-_INIT = {"sum": "0", "prod": "1", "max": "lowest", "min": "highest"}
-
-
 def _acc_init(op: str, dtype: torch.dtype) -> str:
+    """The accumulator's start value: the reduction's identity (its record) as C++."""
+    red = OPS[op].reduce
+    value = red.identity(dtype)
     ct = compute_type(dtype)
-    if op == "sum":
-        return "0.0f" if ct == "float" else "0"
-    if op == "prod":
-        return "1.0f" if ct == "float" else "1"
     if ct == "float":
-        return "(-__builtin_inff())" if op == "max" else "__builtin_inff()"
-    return f"std::numeric_limits<{ct}>::{'lowest' if op == 'max' else 'max'}()"
+        if math.isinf(value):
+            return "(-__builtin_inff())" if value < 0 else "__builtin_inff()"
+        return f"{float(value)!r}f"
+    if red.combine in ("maximum", "minimum"):  # the dtype's extreme
+        return f"std::numeric_limits<{ct}>::{'max' if value == extreme(dtype, high=True) else 'lowest'}()"
+    return str(int(value))
+
+
+# the C++ of each combine op (the reductions' records name it): update statement, OpenMP clause
+_UPDATE = {"add": "{acc} += {x};", "mul": "{acc} *= {x};", "maximum": "{acc} = {x} > {acc} ? {x} : {acc};",
+           "minimum": "{acc} = {x} < {acc} ? {x} : {acc};"}
+_OMP_CLAUSE = {"add": "+", "mul": "*", "maximum": "max", "minimum": "min"}
 
 
 def _acc_update(op: str, acc: str, x: str) -> str:
-    if op == "sum":
-        return f"{acc} += {x};"
-    if op == "prod":
-        return f"{acc} *= {x};"
-    cmp = ">" if op == "max" else "<"
-    return f"{acc} = {x} {cmp} {acc} ? {x} : {acc};"
+    return _UPDATE[OPS[op].reduce.combine].format(acc=acc, x=x)
 
 
-_CLAUSE = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+def _clause(op: str) -> str:
+    return _OMP_CLAUSE[OPS[op].reduce.combine]
 
 
 def summary_deps(info: BodyInfo, is_row: Callable[[Value], bool], v: Value) -> set[Value]:
@@ -438,7 +441,7 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
                 accs.append(acc)
                 ct = compute_type(r.outputs[0].type.dtype)
                 code(f"{ct} {acc} = {_acc_init(r.op, r.outputs[0].type.dtype)};")
-            clauses = " ".join(f"reduction({_CLAUSE[r.op]}:{a})" for r, a in zip(row_red, accs, strict=True))
+            clauses = " ".join(f"reduction({_clause(r.op)}:{a})" for r, a in zip(row_red, accs, strict=True))
             _row_pass(code, info, vals, rdims, base, leaves, leaf_index, [r.inputs[0] for r in row_red], clauses,
                       lambda xs, accs=accs, row_red=row_red: [
                           _acc_update(r.op, a, x) for r, a, x in zip(row_red, accs, xs, strict=True)], cache=cache)
@@ -476,10 +479,6 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
     return code.text()
 
 
-EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log1p", "tanh", "sigmoid", "silu", "erf", "gelu", "sin", "cos",
-              "pow", "tan", "asin", "acos", "atan", "sinh", "cosh", "atan2"}
-
-
 def _choose_row_cache(info: BodyInfo, reductions: list[Node], sched: CpuSchedule, rdims) -> dict | None:
     """The row value to keep across passes: a float row value with a transcendental in its cone
     that two or more passes read (softmax's exp(x - max)); only when the schedule allots a row
@@ -498,7 +497,7 @@ def _choose_row_cache(info: BodyInfo, reductions: list[Node], sched: CpuSchedule
             continue
         if sum(1 for c in cones if o in c) < 2:
             continue
-        if any(m.op in EXPENSIVE_OPS for m in _cone(info, [o], lambda v: not is_row(v) or v in info.leaves)):
+        if any(OPS[m.op].transcendental for m in _cone(info, [o], lambda v: not is_row(v) or v in info.leaves)):
             best = o  # the latest such value covers the most work
     return {"value": best, "stored": False} if best is not None else None
 

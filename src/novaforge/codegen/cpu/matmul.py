@@ -42,9 +42,12 @@ from ...schedule.cpu import CpuSchedule
 from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Operand, Unsupported, analyze_body, operand
 from .cexpr import check_dtype
+from .gemm.build import ACTS
 from .loops import Code, GenKernel, body_dtypes, coalesce, function_name, render_tile_epilogue, signature, tile_maps
 
-ACT_CODES = {("gelu", "none"): 2, ("gelu", "tanh"): 3, ("silu", None): 4, ("relu", None): 1}
+# the IR activation (op, gelu's `approximate`) -> nf_gemm's epilogue code (its ABI, gemm/build.py ACTS)
+ACT_CODES = {("gelu", "none"): ACTS["gelu_erf"], ("gelu", "tanh"): ACTS["gelu_tanh"], ("silu", None): ACTS["silu"],
+             ("relu", None): ACTS["relu"]}
 GEMM_MIN_FLOPS_PER_THREAD = 2.0e5  # below this a GEMM runs on one thread
 
 

@@ -29,7 +29,6 @@ from ...ir.types import TensorType
 from ...ir.views import Strided, apply_view
 from .exprs import supports
 
-REDUCE_OPS = ("sum", "max", "min", "prod")
 GATHER_OPS = ("take", "gather", "cat")  # single kernels generated as gathers over their output space
 MATMUL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -214,7 +213,7 @@ def analyze(kernel: Kernel, transposed: frozenset[int] = frozenset()) -> BodyInf
     red_axes: tuple[int, ...] = ()
     reductions = [n for n in computed if OPS[n.op].has("reduction")]
     kind = kernel.kind
-    lone_reduction = (kind == "single" and len(computed) == 1 and computed[0].op in REDUCE_OPS
+    lone_reduction = (kind == "single" and len(computed) == 1 and OPS[computed[0].op].reduce is not None
                       and computed[0].inputs[0].type.rank > 0)
     if lone_reduction:
         kind = "reduction"  # a keepdim=False reduction: stored in its keepdim layout (same element order)
@@ -247,7 +246,7 @@ def analyze(kernel: Kernel, transposed: frozenset[int] = frozenset()) -> BodyInf
         space = first.inputs[0].type.shape
         red_axes = tuple(first.attrs["axes"])
         for r in reductions:
-            if r.op not in REDUCE_OPS or not (r.attrs["keepdim"] or lone_reduction) \
+            if OPS[r.op].reduce is None or not (r.attrs["keepdim"] or lone_reduction) \
                     or tuple(r.attrs["axes"]) != red_axes or r.inputs[0].type.shape != space:
                 raise Unsupported(f"{r.op} over {r.attrs['axes']} differs from the kernel's row reduction")
         if not red_axes or any(space[a] == 0 for a in red_axes):

@@ -16,7 +16,6 @@ vary along, so no out-of-range address is touched and no padding lane is stored.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -256,25 +255,22 @@ class BodyEmitter:
 
 
 def identity(op: str, dtype: torch.dtype) -> str:
-    """The identity element of a reduction, as a Triton literal of the accumulator dtype."""
-    if op == "sum":
-        return literal(0, dtype)
-    if op == "prod":
-        return literal(1, dtype)
-    if dtype == torch.bool:
-        return literal(op == "min", dtype)
-    if dtype.is_floating_point:
-        return literal(-math.inf if op == "max" else math.inf, dtype)
-    info = torch.iinfo(dtype)
-    return literal(info.min if op == "max" else info.max, dtype)
+    """The identity element of a reduction (its record's), as a Triton literal of the accumulator dtype."""
+    return literal(OPS[op].reduce.identity(dtype), dtype)
+
+
+# the Triton of each combine op (the reductions' records name it): a two-operand update, a tile reduction
+_COMBINE = {"add": "{acc} + {x}", "mul": "{acc} * {x}", "maximum": "tl.maximum({acc}, {x})",
+            "minimum": "tl.minimum({acc}, {x})"}
+_TILE_REDUCE = {"add": "tl.sum", "maximum": "tl.max", "minimum": "tl.min"}  # mul: tl.reduce with a helper
 
 
 def combine(op: str, acc: str, x: str) -> str:
-    return {"sum": f"{acc} + {x}", "prod": f"{acc} * {x}", "max": f"tl.maximum({acc}, {x})",
-            "min": f"tl.minimum({acc}, {x})"}[op]
+    return _COMBINE[OPS[op].reduce.combine].format(acc=acc, x=x)
 
 
 def reduce_expr(op: str, x: str, axis: int, ctx: ExprContext) -> str:
-    if op == "prod":
+    c = OPS[op].reduce.combine
+    if c == "mul":
         return f"tl.reduce({x}, {axis}, {ctx.use('_prod_combine')}, keep_dims=True)"
-    return f"tl.{op}({x}, axis={axis}, keep_dims=True)"
+    return f"{_TILE_REDUCE[c]}({x}, axis={axis}, keep_dims=True)"

@@ -1,0 +1,147 @@
+"""Indexing ops: take (index_select / embedding), gather, index (advanced indexing), scatter_add.
+
+Invariant: index tensors are int64 or int32 and in range (negative indices are wrapped by
+the lowering, as ATen does); every op here has the `index` flag and runs as a single kernel
+(backends may generate it as a gather over its output space).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..types import TensorType, broadcast_shapes
+from .core import REQUIRED, define, same_dtype
+
+aten = torch.ops.aten
+FAMILY = "indexing"
+
+
+def _check_index(name, t):
+    if t.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: indices must be int64 or int32, got {t}")
+
+
+def wrap_index(ctx, idx, n: int):
+    """Negative indices count from the end, as in ATen."""
+    dt = idx.type.dtype
+    neg = ctx.emit("lt", [idx, ctx.scalar(0, dt, idx.type.device)])
+    return ctx.emit("where", [neg, ctx.emit("add", [idx, ctx.scalar(n, dt, idx.type.device)]), idx])
+
+
+def _take_infer(ts, a):
+    x, idx = ts
+    _check_index("take", idx)
+    ax = a["axis"]
+    return [TensorType(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype, x.device)]
+
+
+def _take_impl(xs, a):
+    x, idx = xs
+    ax = a["axis"]
+    out = torch.index_select(x, ax, idx.reshape(-1))
+    return out.reshape(x.shape[:ax] + idx.shape + x.shape[ax + 1:])
+
+
+take = define("take", 2, _take_infer, _take_impl, attrs={"axis": REQUIRED}, flags={"index"}, flops=0,
+              doc="x.index_select(axis, idx) with idx of any shape (embedding is take on axis 0); "
+                  "indices are in range [0, x.shape[axis])", family=FAMILY)
+
+
+@take.lowers(aten.embedding.default)
+def _lower_embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return ctx.emit("take", [ctx.val(weight), ctx.val(indices)], axis=0)
+
+
+@take.lowers(aten.index_select.default)
+def _lower_index_select(ctx, x, dim, index):
+    v = ctx.val(x)
+    if v.type.rank == 0:  # a 0-d input takes its only element (index shape [1]) and stays 0-d
+        return ctx.reshape(ctx.emit("take", [ctx.reshape(v, (1,)), ctx.val(index)], axis=0), ())
+    return ctx.emit("take", [v, ctx.val(index)], axis=ctx.axis(dim, v.type.rank))
+
+
+def _gather_infer(ts, a):
+    x, idx = ts
+    _check_index("gather", idx)
+    if idx.rank != x.rank:
+        raise ValueError("gather: index rank must equal input rank")
+    return [TensorType(idx.shape, x.dtype, x.device)]
+
+
+gather = define("gather", 2, _gather_infer, lambda xs, a: torch.gather(xs[0], a["axis"], xs[1]),
+                attrs={"axis": REQUIRED}, flags={"index"}, flops=0, doc="torch.gather", family=FAMILY)
+
+
+@gather.lowers(aten.gather.default)
+def _lower_gather(ctx, x, dim, index, sparse_grad=False):
+    v = ctx.val(x)
+    return ctx.emit("gather", [v, ctx.val(index)], axis=ctx.axis(dim, v.type.rank))
+
+
+def _index_infer(ts, a):
+    x, *idx = ts
+    for t in idx:
+        _check_index("index", t)
+    axes = a["axes"]
+    if len(axes) != len(idx) or list(axes) != sorted(set(axes)):
+        raise ValueError("index: one sorted axis per index tensor")
+    bshape = broadcast_shapes(*(t.shape for t in idx))
+    rest = [s for i, s in enumerate(x.shape) if i not in axes]
+    adjacent = list(axes) == list(range(axes[0], axes[0] + len(axes)))
+    if adjacent:
+        first = axes[0]
+        shape = tuple(x.shape[:first]) + bshape + tuple(x.shape[axes[-1] + 1:])
+    else:
+        shape = bshape + tuple(rest)
+    return [TensorType(shape, x.dtype, x.device)]
+
+
+def _index_impl(xs, a):
+    x, *idx = xs
+    key: list[Any] = [slice(None)] * x.dim()
+    for ax, t in zip(a["axes"], idx, strict=True):
+        key[ax] = t
+    return x[tuple(key)]
+
+
+index = define("index", (2, None), _index_infer, _index_impl, attrs={"axes": REQUIRED}, flags={"index"}, flops=0,
+               doc="advanced indexing x[..., i0, ..., i1, ...] with index tensors on `axes` (numpy placement rules)",
+               family=FAMILY)
+
+
+@index.lowers(aten.index.Tensor)
+def _lower_index(ctx, x, indices):
+    v = ctx.val(x)
+    axes, idx = [], []
+    for ax, a in enumerate(indices):
+        if a is None:
+            continue
+        iv = ctx.val(a)
+        if iv.type.dtype in (torch.bool, torch.uint8):
+            raise ctx.unsupported("boolean-mask indexing has a data-dependent shape")
+        axes.append(ax)
+        idx.append(wrap_index(ctx, iv, v.type.shape[ax]))
+    if len(idx) == 1:
+        return ctx.emit("take", [v, idx[0]], axis=axes[0])
+    return ctx.emit("index", [v, *idx], axes=tuple(axes))
+
+
+def _scatter_add_infer(ts, a):
+    x, idx, src = ts
+    _check_index("scatter_add", idx)
+    same_dtype("scatter_add", [x, src])
+    return [x]
+
+
+scatter_add = define("scatter_add", 3, _scatter_add_infer,
+                     lambda xs, a: torch.scatter_add(xs[0], a["axis"], xs[1], xs[2]), attrs={"axis": REQUIRED},
+                     flags={"index"}, doc="torch.scatter_add", family=FAMILY)
+
+
+@scatter_add.lowers(aten.scatter_add.default)
+def _lower_scatter_add(ctx, x, dim, index, src):
+    v = ctx.val(x)
+    return ctx.emit("scatter_add", [v, ctx.val(index), ctx.cast(ctx.val(src), v.type.dtype)],
+                    axis=ctx.axis(dim, v.type.rank))

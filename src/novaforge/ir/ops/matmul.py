@@ -1,0 +1,181 @@
+"""Anchors: `matmul` (batched) and `attention` (fused scaled-dot-product attention).
+
+Fusion builds kernels around anchors: a prologue of views (as strides) and an epilogue of
+elementwise ops (bias, activation, residual add, cast) on the anchor's output.
+
+Invariant: operands share one float or integer dtype (matmul) / one float dtype (attention);
+batch dimensions broadcast; attention's key/value heads divide the query heads (GQA).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..types import TensorType, broadcast_shapes, is_float
+from .core import REQUIRED, define, device_of, same_dtype
+
+aten = torch.ops.aten
+FAMILY = "matmul"
+
+
+def _matmul_infer(ts, a):
+    x, y = ts
+    dt = same_dtype("matmul", ts)
+    if x.rank < 2 or y.rank < 2:
+        raise ValueError(f"matmul: operands need rank >= 2, got {x} and {y}")
+    if x.shape[-1] != y.shape[-2]:
+        raise ValueError(f"matmul: inner dimensions differ: {x} @ {y}")
+    batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    return [TensorType(batch + (x.shape[-2], y.shape[-1]), dt, device_of("matmul", ts))]
+
+
+def _matmul_flops(ins, outs, attrs) -> float:
+    return 2.0 * outs[0].numel * ins[0].shape[-1]
+
+
+matmul_ = define("matmul", 2, _matmul_infer, lambda xs, a: torch.matmul(xs[0], xs[1]), flags={"anchor"},
+                 doc="batched matmul [..., M, K] @ [..., K, N] with broadcast batch dimensions", family=FAMILY,
+                 cost=_matmul_flops)
+
+
+def matmul(ctx, a, b):
+    """torch.matmul semantics, including 1-D operands."""
+    squeeze_m = squeeze_n = False
+    if a.type.rank == 1:
+        a, squeeze_m = ctx.reshape(a, (1, a.type.shape[0])), True
+    if b.type.rank == 1:
+        b, squeeze_n = ctx.reshape(b, (b.type.shape[0], 1)), True
+    out = ctx.emit("matmul", [a, b])
+    shape = out.type.shape
+    if squeeze_n:
+        shape = shape[:-1]
+    if squeeze_m:
+        shape = shape[:-2] + shape[-1:] if not squeeze_n else shape[:-1]
+    return ctx.reshape(out, shape)
+
+
+def operands(ctx, *args):
+    """The tensor arguments (None skipped) in the result dtype."""
+    vals = [ctx.val(a) for a in args if a is not None]
+    dt = ctx.out_type.dtype
+    return [ctx.cast(v, dt) for v in vals]
+
+
+def _same_dtype(ctx, *args) -> None:
+    """Eager's matrix products require one dtype for all operands (a float64 or int64 input to a
+    float32 nn.Linear raises there), so they raise here too, as RuntimeError."""
+    dtypes = {ctx.val(a).type.dtype for a in args if a is not None}
+    if len(dtypes) > 1:
+        a, b = sorted(dtypes, key=str)[:2]
+        raise RuntimeError(ctx.describe(f"expected all operands to have the same dtype, but got {a} and {b}"))
+
+
+@matmul_.lowers(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
+def _lower_mm(ctx, a, b):
+    _same_dtype(ctx, a, b)
+    x, y = operands(ctx, a, b)
+    return matmul(ctx, x, y)
+
+
+def _scaled(ctx, v, s):
+    return v if s == 1 else ctx.emit("mul", [v, ctx.scalar(s, v.type.dtype)])
+
+
+@matmul_.lowers(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+def _lower_addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+    _same_dtype(ctx, bias, a, b)
+    x, y = operands(ctx, a, b)
+    out = _scaled(ctx, matmul(ctx, x, y), alpha)
+    if beta == 0:
+        return out
+    c = _scaled(ctx, ctx.cast(ctx.val(bias), out.type.dtype), beta)
+    return ctx.emit("add", [out, c])
+
+
+@matmul_.lowers(aten.linear.default)
+def _lower_linear(ctx, x, weight, bias=None):
+    _same_dtype(ctx, x, weight, bias)
+    v, w = operands(ctx, x, weight)
+    wt = ctx.permute(w, (1, 0)) if w.type.rank == 2 else w
+    out = matmul(ctx, v, wt)
+    if bias is not None:
+        out = ctx.emit("add", [out, ctx.cast(ctx.val(bias), out.type.dtype)])
+    return out
+
+
+# --------------------------------------------------------------------------- attention
+def _attention_infer(ts, a):
+    q, k, v = ts[:3]
+    dt = same_dtype("attention", [q, k, v])
+    if not is_float(dt) or q.rank < 3 or k.rank != q.rank or v.rank != q.rank:
+        raise TypeError(f"attention: q, k, v must be float tensors of equal rank >= 3: {q}, {k}, {v}")
+    hq, hk = q.shape[-3], k.shape[-3]
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or hk != v.shape[-3] or hk == 0 or hq % hk:
+        raise ValueError(f"attention: incompatible shapes q={q} k={k} v={v}")
+    out = TensorType(q.shape[:-1] + (v.shape[-1],), dt, q.device)
+    if len(ts) == 4:
+        m = ts[3]
+        if m.dtype != torch.bool and m.dtype != dt:
+            raise TypeError(f"attention: mask must be bool or {dt}, got {m}")
+        broadcast_shapes(m.shape, q.shape[:-1] + (k.shape[-2],))
+    if a["causal"] and len(ts) == 4:
+        raise ValueError("attention: causal and an explicit mask are exclusive")
+    return [out]
+
+
+def _attention_impl(xs, a):
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) == 4 else None
+    gqa = q.shape[-3] != k.shape[-3]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=a["causal"], scale=a["scale"], enable_gqa=gqa)
+
+
+def attention_flops(ins, outs, causal: bool) -> float:
+    q, k, v = ins[:3]
+    f = 2.0 * q.numel * k.shape[-2] + 2.0 * outs[0].numel * k.shape[-2]
+    return f / 2 if causal else f
+
+
+attention_ = define("attention", (3, 4), _attention_infer, _attention_impl,
+                    attrs={"scale": REQUIRED, "causal": False}, flags={"anchor"},
+                    doc="softmax(q k^T * scale + mask) v; q [..., Hq, L, E], k [..., Hk, S, E], v [..., Hk, S, Ev], "
+                        "Hq % Hk == 0 (grouped-query heads); mask bool (True keeps) or additive float, broadcast to "
+                        "[..., Hq, L, S]; causal uses the top-left aligned lower triangle", family=FAMILY,
+                    cost=lambda ins, outs, a: attention_flops(ins, outs, a["causal"]))
+
+
+def attention(ctx, q, k, v, mask, is_causal: bool, scale):
+    """One `attention` node; rank-2 q/k/v (no head axis) get a unit head axis around it."""
+    qv, kv, vv = (ctx.val(a) for a in (q, k, v))
+    dt = qv.type.dtype
+    if not is_float(dt):
+        raise ctx.unsupported("attention on non-float tensors")
+    scale = 1.0 / math.sqrt(qv.type.shape[-1]) if scale is None else float(scale)
+    ins = [qv, ctx.cast(kv, dt), ctx.cast(vv, dt)]
+    if mask is not None:
+        m = ctx.val(mask)
+        ins.append(m if m.type.dtype == torch.bool else ctx.cast(m, dt))
+    if qv.type.rank == 2:
+        ins = [ctx.reshape(a, (1,) + a.type.shape) for a in ins]
+    out = ctx.emit("attention", ins, scale=scale, causal=bool(is_causal))
+    return ctx.reshape(out, ctx.out_types[0].shape)
+
+
+@attention_.lowers(aten.scaled_dot_product_attention.default)
+def _lower_sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    if dropout_p:
+        return ctx.extern("attention dropout")
+    return attention(ctx, q, k, v, attn_mask, is_causal, scale)
+
+
+@attention_.lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _lower_sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p:
+        return ctx.extern("attention dropout")
+    if ctx.used_outputs() - {0}:
+        return ctx.extern("attention's logsumexp output is used")
+    out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
+    return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
