@@ -115,3 +115,18 @@ def test_ci_seeds(backend, seeds):
     assert len(s.results) == len(seeds)
     assert not s.unknown, s.text()
     assert s.count("ok") >= 0.9 * len(seeds)
+
+
+def test_misuse_call_expects_eager_errors():
+    """Every fourth seed calls once more with a float64 input: a float32 Linear must refuse it
+    as eager does (a compiled call that returns a result is a `no_error` finding)."""
+    from novaforge.fuzz.oracle import _retyped
+    from novaforge.fuzz.program import InputSpec
+
+    p = Program(4, [InputSpec("x0", (3, 5), "F32", 3)],
+                [Step("v1", "self.lin1(x0)", ("x0",), "matmulp", arg=6,
+                      init=("self.lin1 = grid_init(torch.nn.Linear(5, 2, dtype=F32), 9)",))], ["v1"])
+    cls, make = instantiate(p)
+    with pytest.raises(RuntimeError):
+        cls()(*_retyped(make()))  # eager raises ...
+    assert check(p, "cpu") is None  # ... and so does the compiled call

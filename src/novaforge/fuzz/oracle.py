@@ -1,8 +1,8 @@
 """The differential oracle: one fuzz program, compiled with novaforge, against eager.
 
 `check(prog, backend)` builds three instances of the program's module (eager, float64
-reference, compiled), then makes three calls, each on fresh inputs from `make_inputs`: twice
-with the same data, once with other data (so a stale constant or a value cached across calls
+reference, compiled), then makes three calls (four, see misuse), each on fresh inputs from
+`make_inputs`: twice with the same data, once with other data (so a stale constant or a value cached across calls
 shows). Every call runs under `torch.no_grad()` and checks, in this order:
 
 * errors: a compile that raises `novaforge.UnsupportedError` is a *refusal* (a clear answer,
@@ -22,7 +22,10 @@ shows). Every call runs under `torch.no_grad()` and checks, in this order:
 * layout: an output eager returns contiguous is contiguous;
 * input mutation: every input afterwards equals eager's (same rule as values);
 * repeated calls: the second call leaves the first call's outputs unchanged and returns no
-  tensor of the first call.
+  tensor of the first call;
+* misuse (every fourth seed): a fourth call with the first float input in float64, a new
+  signature: where eager raises (a float32 Linear given float64) the compiled call must raise,
+  else it must match eager like any call.
 
 Returns None (the program passed), or a `Finding` with a kind (refusal, crash, count, dtype,
 shape, wrong, alias, layout, mutation, repeat) and a signature used to group findings and to
@@ -155,8 +158,13 @@ def check(prog: Program, backend: str, options: dict | None = None) -> Finding |
             return _crash(e, 0, "compile")
         first: list[torch.Tensor] = []
         first_saved: list[torch.Tensor] = []
-        for call, variant in ((1, 0), (2, 0), (3, 1)):
+        calls = [(1, 0), (2, 0), (3, 1)] + ([(4, 0)] if prog.seed % 4 == 0 else [])
+        for call, variant in calls:
             e_in, r_in, c_in = make(variant), make64(variant), make(variant)
+            if call == 4:  # misuse: the first float input in float64 (eager may raise: then compiled must)
+                e_in, c_in = _retyped(e_in), _retyped(c_in)
+                if e_in is None:
+                    break
             eager_exc = None
             try:
                 e_out = _as_list(eager(*e_in))
@@ -169,6 +177,8 @@ def check(prog: Program, backend: str, options: dict | None = None) -> Finding |
             except novaforge.UnsupportedError as e:
                 if eager_exc is not None:
                     continue
+                if call == 4:
+                    break  # a float64 signature novaforge does not compile: refused, clearly
                 if call == 1:
                     return Finding("refusal", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
                                    f"refusal:{str(e).split(':')[0][:60]}")
@@ -190,6 +200,14 @@ def check(prog: Program, backend: str, options: dict | None = None) -> Finding |
                 f = _compare_repeat(first, first_saved, c_out)
                 if f is not None:
                     return f
+    return None
+
+
+def _retyped(inputs: list) -> list | None:
+    """The inputs with the first float32/bfloat16 one in float64 (None when there is none)."""
+    for i, t in enumerate(inputs):
+        if t.dtype in (torch.float32, torch.bfloat16):
+            return inputs[:i] + [t.double()] + inputs[i + 1:]
     return None
 
 
