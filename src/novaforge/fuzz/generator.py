@@ -253,7 +253,8 @@ class _Gen:
         if op in ("amax", "amin"):
             return Step(self.name("v"), f"{a}.{op}({dim!r}, keepdim={kd})", (a,), "keep")
         if op in ("var", "std"):
-            return Step(self.name("v"), f"{a}.{op}({dim!r}, keepdim={kd}, correction=0)", (a,), "reduce", arg=K)
+            return Step(self.name("v"), f"{a}.{op}({dim!r}, keepdim={kd}, correction=0)", (a,),
+                        "std" if op == "std" else "reduce", arg=K)
         if op == "logsumexp":
             return Step(self.name("v"), f"{a}.logsumexp({dim!r}, keepdim={kd})", (a,), "reduce", arg=K)
         if op in ("argmax", "argmin"):
@@ -278,13 +279,13 @@ class _Gen:
         dt = _dtype_code(ta.dtype)
         if kind == "layer_norm":
             w, b = self.new_input((n,), dt), self.new_input((n,), dt)
-            return Step(self.name("v"), f"F.layer_norm({a}, ({n},), {w}, {b})", (a, w, b), "reduce", arg=3 * n)
+            return Step(self.name("v"), f"F.layer_norm({a}, ({n},), {w}, {b})", (a, w, b), "norm", arg=3 * n)
         if kind == "ln_fn_noaffine":
-            return Step(self.name("v"), f"F.layer_norm({a}, ({n},))", (a,), "reduce", arg=3 * n)
+            return Step(self.name("v"), f"F.layer_norm({a}, ({n},))", (a,), "norm", arg=3 * n)
         m = self.name("ln" if kind == "layer_norm_mod" else "rms")
         cls = "LayerNorm" if kind == "layer_norm_mod" else "RMSNorm"
         init = f"self.{m} = grid_init(torch.nn.{cls}({n}, dtype={dt}), {rng.randrange(10**6)})"
-        return Step(self.name("v"), f"self.{m}({a})", (a,), "reduce", arg=3 * n, init=(init,))
+        return Step(self.name("v"), f"self.{m}({a})", (a,), "norm", arg=3 * n, init=(init,))
 
     def shape_op(self) -> Step:
         rng = self.rng

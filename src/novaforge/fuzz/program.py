@@ -238,7 +238,8 @@ def _rule(step: Step, ins: list[Meta], t: torch.Tensor) -> Meta:
     if exact and not _fits(t, mag, q):
         exact = False
     depth = max((m.depth for m in ins), default=0) + 1
-    red = max((m.red for m in ins), default=0) + (int(a) if r in ("sum", "matmul", "matmulp", "reduce") else 0)
+    red = max((m.red for m in ins), default=0) + (int(a) if r in ("sum", "matmul", "matmulp", "reduce", "norm",
+                                                                  "std") else 0)
     if exact:
         return Meta(True, mag, q, 0.0, depth, red)
     eps = max([m.eps for m in ins] + [EPS.get(t.dtype, 0.0) if t.is_floating_point() else 0.0])
@@ -298,7 +299,8 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
                 return Analysis(False, error=f"{st.out}: not a tensor")
             if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                 return Analysis(False, error=f"{st.out}: not finite")
-            new = replace(_rule(st, reads, t), scale=max([m.scale for m in reads] + [_mean_abs(t)]))
+            new = replace(_rule(st, reads, t), scale=max([m.scale for m in reads] + [_mean_abs(t)])
+                          * _amplification(st, ns, t))
             meta[st.out] = new
             if st.inplace:
                 # an in-place step changed every tensor sharing its storage: merge their Metas
@@ -312,6 +314,23 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
         if o not in values:
             return Analysis(False, error=f"output {o} undefined")
     return Analysis(True, values, meta)
+
+
+def _amplification(st: Step, ns: dict[str, Any], out: torch.Tensor) -> float:
+    """How much a normalization magnifies the absolute rounding of its input: x - mean(x) over
+    a (nearly) constant row is rounding noise, divided by sqrt(var + 1e-5) (layer norm; measured
+    on this data, rows over the last axis, times 2); a standard deviation turns a variance's
+    rounding e into sqrt(e), so its unit is sqrt(eps)."""
+    if st.rule == "std" and out.is_floating_point():
+        return EPS.get(out.dtype, 2.0 ** -23) ** -0.5
+    if st.rule != "norm":
+        return 1.0
+    x = ns.get(st.reads[0])
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or x.dim() == 0:
+        return 1.0
+    rows = x.detach().double().reshape(-1, x.shape[-1])
+    amp = rows.abs().mean(-1) / (rows.var(-1, correction=0) + 1e-5).sqrt()
+    return max(1.0, 2 * float(amp.max()))
 
 
 def _mean_abs(t: torch.Tensor) -> float:
