@@ -53,6 +53,13 @@ KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
      "codegen/triton/exprs.py _pow helper (float pow by a non-integer scalar) fails in the interpreter"),
     ("crash", r"more than one element of the written-to tensor refers to a single memory location", ("cpu", "triton"),
      "api.py write-back of a mutated input into an expanded (stride-0) input; eager's fill_ accepts it"),
+    ("no_error", r"mixed dtype \(CPU\)", ("cpu", "triton", "interpret"),
+     "frontend/lower_nn.py: layer_norm/group_norm accept an input whose dtype differs from weight and bias "
+     "(eager: mixed dtype error)"),
+    ("wrong", r"call 4: .*torch\.bfloat16\[.*exact value differs", ("triton",),
+     "codegen/triton: a float64 -> bfloat16 cast gives 0 in the interpreter"),
+    ("layout", r"is not contiguous", ("triton",),
+     "triton program: x.transpose(..).contiguous() of an expanded input returned as a strided view"),
     ("crash", r"GuardOnDataDependentSymNode", ("cpu", "triton", "interpret"),
      "frontend/capture_fx.py: boolean-mask indexing followed by a reduction is a CaptureError, not an "
      "UnsupportedError naming aten.index.Tensor"),
@@ -99,7 +106,7 @@ def worker(backend: str, seeds: Iterable[int], abort_at: int | None = None, nume
             res["status"] = "ok"
         else:
             res.update(status="refusal" if f.kind == "refusal" else "finding", kind=f.kind, signature=f.signature,
-                       detail=f.detail)
+                       detail=f.detail if f.kind in ("refusal", "crash") else f"call {f.call}: {f.detail}")
         _emit(res)
 
 
