@@ -10,10 +10,10 @@ the same storage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Attrs
+from .graph import Attrs, Node, Value
 from .types import contiguous_strides
 
 
@@ -100,3 +100,23 @@ def apply_view(s: Strided, op: str, attrs: Attrs) -> Strided | None:
         strides[ax] = s.strides[ax] * step
         return Strided(tuple(shape), tuple(strides), offset)
     raise ValueError(f"{op} is not a view")
+
+
+def permuted_copy(producer: Callable[[Value], Node | None], v: Value) -> tuple[Value, tuple[int, ...]] | None:
+    """(x, perm) when v = copy(permute(x, perm)), else None: a transpose materialized by a copy.
+    Fusion stores an attention kernel's output through such a permute ([B, H, L, D] ->
+    [B, L, H, D] before the output projection) instead of running a copy kernel; fuse.py and
+    both backends recognise it with this one function."""
+    c = producer(v)
+    if c is None or c.op != "copy":
+        return None
+    p = producer(c.inputs[0])
+    if p is None or p.op != "permute":
+        return None
+    return p.inputs[0], tuple(p.attrs["perm"])
+
+
+def heads_last(perm: Sequence[int]) -> bool:
+    """Does `perm` swap the head and query axes of a [..., H, L, D] tensor (and nothing else)?"""
+    r = len(perm)
+    return r >= 3 and tuple(perm) == tuple(range(r - 3)) + (r - 2, r - 3, r - 1)

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
-from ..ir.views import Strided, apply_view
+from ..ir.views import Strided, apply_view, permuted_copy
 from .context import PassContext, describe
 
 MAX_CAT_PIECES = 16  # non-empty pieces of one cat load
@@ -345,12 +345,10 @@ class _Grouper:
         """The attention group whose output n = copy(permute(out)) materializes in another
         layout (the [B, H, L, D] -> [B, L, H, D] transpose before the output projection): the
         kernel then stores its tiles through the permute instead of a separate copy kernel."""
-        if n.op != "copy":
+        pc = permuted_copy(self.defs.get, n.outputs[0]) if n.outputs else None
+        if pc is None or len(self.graph.users(n.inputs[0])) != 1:
             return None
-        p = self.defs.get(n.inputs[0])
-        if p is None or p.op != "permute" or len(self.graph.users(p.outputs[0])) != 1:
-            return None
-        q = self.defs.get(p.inputs[0])
+        q = self.defs.get(pc[0])
         g = self.group_of.get(q) if q is not None else None
         if g is None or g.kind != "attention" or q.op != "attention" or len(g.nodes) != 1:
             return None

@@ -27,7 +27,7 @@ def test_every_kernel_checked():
 
 
 def test_planted_triton_bug_is_named(monkeypatch):
-    monkeypatch.setitem(exprs.OPS, "sin", exprs.OPS["cos"])  # the planted miscompilation
+    monkeypatch.setitem(exprs.TRITON_EXPR, "sin", exprs.TRITON_EXPR["cos"])  # the planted miscompilation
     c = novaforge.compile(f, backend="triton", check="numerics")
     with torch.no_grad(), pytest.raises(NumericsMismatch) as e:
         c(torch.randn(3, 5), torch.randn(5, 5))  # shapes of their own: kernels not built before

@@ -23,99 +23,30 @@ model cannot express, it raises `Unsupported` and the kernel runs through torch 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ...ir import OPS, Graph, Node, Value
 from ...ir.types import broadcast_shapes, contiguous_strides
 from ...ir.views import Strided, apply_view
+from ..body import (
+    BodyInfo,
+    CatPiece,
+    Leaf,
+    LeafKind,
+    Store,
+    Unsupported,
+    cat_pieces,
+    fits,
+    generator_leaf,
+    input_leaf,
+    right_aligned,
+    view_leaf,
+)
 
-
-class Unsupported(Exception):
-    """The CPU code generator cannot express this kernel; it runs through torch."""
-
-
-@dataclass(frozen=True)
-class Leaf:
-    kind: str  # "load" | "const" | "iota" | "cat"
-    dtype: torch.dtype
-    buf: int = -1  # body input index ("load")
-    strides: tuple[int, ...] = ()  # per space dim
-    offset: int = 0
-    value: object = None  # literal ("const")
-    start: float = 0  # iota: start + step * element offset
-    step: float = 1
-    dim: int = -1  # cat: the space dim the pieces split
-    pieces: tuple[Piece, ...] = ()  # cat: in order along `dim`
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One input of a cat leaf: space indices lo <= i[dim] < hi read `leaf` at i[dim] - lo."""
-
-    lo: int
-    hi: int
-    leaf: Leaf
-
-
-@dataclass(frozen=True)
-class Store:
-    buf: int  # body output index
-    value: Value  # the computed (or leaf) value stored
-    strides: tuple[int, ...]  # per space dim (0 along reduced axes for row summaries)
-    dtype: torch.dtype
-    offset: int = 0
-
-
-@dataclass
-class BodyInfo:
-    space: tuple[int, ...]
-    axes: tuple[int, ...]
-    leaves: dict[Value, Leaf] = field(default_factory=dict)
-    alias: dict[Value, Value] = field(default_factory=dict)  # same element at every space index
-    store_views: dict[Value, Value] = field(default_factory=dict)  # reshapes only valid as outputs
-    computed: list[Node] = field(default_factory=list)
-    stores: list[Store] = field(default_factory=list)
-    shapes: dict[Value, tuple[int, ...]] = field(default_factory=dict)  # right-aligned to the space
-
-    def resolve(self, v: Value) -> Value:
-        while v in self.alias:
-            v = self.alias[v]
-        return v
-
-    def is_row(self, v: Value) -> bool:
-        """Does v vary along a reduced axis (else it is a per-row summary)?"""
-        shape = self.shapes[self.resolve(v)]
-        return any(shape[a] != 1 for a in self.axes)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.space)
-
-
-def _broadcast_strides(lay: Strided, space: tuple[int, ...]) -> tuple[int, ...]:
-    r, rank = len(lay.shape), len(space)
-    if r > rank:
-        raise Unsupported(f"view of rank {r} in a space of rank {rank}")
-    out = []
-    for d in range(rank):
-        j = d - (rank - r)
-        if j < 0 or space[d] == 1:
-            out.append(0)
-        elif lay.shape[j] == space[d]:
-            out.append(lay.strides[j])
-        elif lay.shape[j] == 1:
-            out.append(0)
-        else:
-            raise Unsupported(f"shape {lay.shape} does not broadcast to the space {space}")
-    return tuple(out)
-
-
-def _right_aligned(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
-    if len(shape) > len(space):
-        raise Unsupported(f"value of shape {shape} has a higher rank than the space {space}")
-    return (1,) * (len(space) - len(shape)) + tuple(shape)
+__all__ = ["BodyInfo", "CatPiece", "Leaf", "Operand", "Store", "Unsupported", "analyze_body", "body_space", "operand"]
+Piece = CatPiece
 
 
 def _same_elements(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
@@ -128,45 +59,23 @@ def _same_elements(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     return a == b
 
 
-def _fits(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
-    return len(shape) == len(space) and all(s in (1, t) for s, t in zip(shape, space, strict=True))
-
-
 def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = (), pieces: bool = False) -> BodyInfo:
     info = BodyInfo(tuple(space), tuple(axes))
-    layouts: dict[Value, Strided] = {}  # strided layout of load/iota leaves (before broadcast)
     cats: dict[Value, Node] = {}  # cat leaves -> their node
     for i, gi in enumerate(body.inputs):
-        v = gi.value
-        layouts[v] = Strided.contiguous(v.type.shape)
-        info.leaves[v] = Leaf("load", v.type.dtype, buf=i)
+        info.leaves[gi.value] = input_leaf(i, gi.value)
     for n in body.nodes:
         d = OPS[n.op]
         if d.has("generator"):
-            out = n.outputs[0]
-            if n.op in ("scalar", "full"):
-                info.leaves[out] = Leaf("const", out.type.dtype, value=n.attrs["value"])
-            elif n.op == "iota":
-                layouts[out] = Strided.contiguous(out.type.shape)
-                info.leaves[out] = Leaf("iota", out.type.dtype, start=n.attrs["start"], step=n.attrs["step"])
-            else:
-                raise Unsupported(f"generator {n.op}")
+            info.leaves[n.outputs[0]] = generator_leaf(n)
             continue
         if d.has("view"):
             src, out = n.inputs[0], n.outputs[0]
             if src in info.store_views:
                 raise Unsupported(f"{n.op} of a reshaped computed value")
             leaf = info.leaves.get(src)
-            if leaf is not None and leaf.kind == "cat":
-                raise Unsupported(f"{n.op} of a cat")
-            if leaf is not None and leaf.kind == "const":
-                info.leaves[out] = leaf
-            elif leaf is not None:
-                lay = apply_view(layouts[src], n.op, n.attrs)
-                if lay is None:
-                    raise Unsupported(f"{n.op} of an input is not strided")
-                layouts[out] = lay
-                info.leaves[out] = leaf
+            if leaf is not None:
+                info.leaves[out] = view_leaf(leaf, n)
             elif n.op == "expand" or (n.op == "reshape" and _same_elements(src.type.shape, out.type.shape)):
                 info.alias[out] = info.resolve(src)
             elif n.op == "reshape":
@@ -180,7 +89,7 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
             if any(info.leaves.get(v) is None or info.leaves[v].kind == "cat" for v in n.inputs):
                 raise Unsupported("cat of computed values")
             cats[n.outputs[0]] = n
-            info.leaves[n.outputs[0]] = Leaf("cat", n.outputs[0].type.dtype)
+            info.leaves[n.outputs[0]] = Leaf(LeafKind.CAT, n.outputs[0].type.dtype)
             continue
         if len(n.outputs) != 1:
             raise Unsupported(f"{n.op} with {len(n.outputs)} outputs")
@@ -196,17 +105,15 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
         if v not in used:
             del info.leaves[v]
             continue
-        if leaf.kind == "cat":
-            info.leaves[v] = _cat_leaf(cats[v], all_leaves, layouts, info.space)
-            info.shapes[v] = _right_aligned(v.type.shape, info.space)
+        if leaf.kind == LeafKind.CAT:
+            info.leaves[v] = _cat_leaf(cats[v], all_leaves, info.space)
+            info.shapes[v] = right_aligned(v.type.shape, info.space)
             continue
-        if leaf.kind == "const":
+        if leaf.kind == LeafKind.CONST:
             info.shapes[v] = (1,) * len(info.space)
             continue
-        lay = layouts[v]
-        info.leaves[v] = Leaf(leaf.kind, leaf.dtype, leaf.buf, _broadcast_strides(lay, info.space), lay.offset,
-                              leaf.value, leaf.start, leaf.step)
-        info.shapes[v] = _right_aligned(lay.shape, info.space)
+        info.leaves[v] = leaf.place(info.space)
+        info.shapes[v] = right_aligned(leaf.layout.shape, info.space)
     for n in info.computed:
         o = n.outputs[0]
         if OPS[n.op].has("reduction"):
@@ -214,14 +121,14 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
                 raise Unsupported("reduction over other axes than the kernel's")
             if n.inputs[0].type.shape != info.space:
                 raise Unsupported("reduction input is not the space")
-            shp = _right_aligned(o.type.shape, info.space)
+            shp = right_aligned(o.type.shape, info.space)
         else:
             try:
                 shp = tuple(broadcast_shapes(*(info.shapes[info.resolve(v)] for v in n.inputs),
-                                             _right_aligned(o.type.shape, info.space)))
+                                             right_aligned(o.type.shape, info.space)))
             except ValueError as e:
                 raise Unsupported(f"{n.op}: {e}") from None
-        if not _fits(shp, info.space):
+        if not fits(shp, info.space):
             raise Unsupported(f"{n.op} output {o.type} does not broadcast to the space {info.space}")
         info.shapes[o] = shp
     for j, w in enumerate(body.outputs):
@@ -245,37 +152,17 @@ def analyze_body(body: Graph, space: tuple[int, ...], axes: tuple[int, ...] = ()
     return info
 
 
-def _cat_leaf(n: Node, leaves: dict[Value, Leaf], layouts: dict[Value, Strided], space: tuple[int, ...]) -> Leaf:
+def _cat_leaf(n: Node, leaves: dict[Value, Leaf], space: tuple[int, ...]) -> Leaf:
     """The piecewise leaf of cat node n over `space` (its inputs are leaves)."""
     out = n.outputs[0].type
-    shape = _right_aligned(out.shape, space)
-    if not _fits(shape, space):
+    if not fits(right_aligned(out.shape, space), space):
         raise Unsupported(f"cat of shape {out.shape} does not broadcast to the space {space}")
-    dim = n.attrs["axis"] + len(space) - out.rank
-    parts = []
-    lo = 0
-    for v in n.inputs:
-        length = v.type.shape[n.attrs["axis"]]
-        if length:
-            parts.append((lo, lo + length, v))
-        lo += length
-    if len(parts) != 1 and shape[dim] != space[dim]:
-        raise Unsupported("cat along a broadcast dim")
-    pieces = []
-    for lo, hi, v in parts:
-        leaf = leaves[v]
-        if leaf.kind == "const":
-            pieces.append(Piece(lo, hi, leaf))
-            continue
-        sub = space if len(parts) == 1 else space[:dim] + (hi - lo,) + space[dim + 1:]
-        lay = layouts[v]
-        pieces.append(Piece(lo, hi, Leaf(leaf.kind, leaf.dtype, leaf.buf, _broadcast_strides(lay, sub), lay.offset,
-                                         leaf.value, leaf.start, leaf.step)))
+    dim, pieces = cat_pieces(n, leaves, space, single_may_broadcast=True)
     if len(pieces) == 1:  # one non-empty input (or a broadcast size-1 cat dim): a plain leaf
         return pieces[0].leaf
     if not pieces:  # an empty space: never read
-        return Leaf("const", out.dtype, value=0)
-    return Leaf("cat", out.dtype, dim=dim, pieces=tuple(pieces))
+        return Leaf(LeafKind.CONST, out.dtype, value=0)
+    return Leaf(LeafKind.CAT, out.dtype, dim=dim, pieces=tuple(pieces))
 
 
 def body_space(body: Graph, kind: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from ...ir import OPS, Graph, GraphInput, Kernel, Node, make_node
 from ...ir.ops import node_flops
 from ...ir.types import TensorType
-from ...ir.views import Strided
+from ...ir.views import Strided, heads_last, permuted_copy
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, analyze_body, body_space, operand
 from .attention import plan_flash_attention
-from .cexpr import check_dtype
+from .cexpr import NOT_RENDERED, check_dtype
 from .columns import lane_dim, render_reduction_columns
 from .loops import (
     GenKernel,
@@ -235,6 +235,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
                 return KernelPlan("gen", gen=plan_gather(kernel, target))
             if op is not None and OPS[op].reduce is not None:
                 return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
+            if op in NOT_RENDERED:
+                raise Unsupported(f"{op} not rendered on the CPU: {NOT_RENDERED[op]}")
         raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
     except Unsupported as e:
         return KernelPlan("torch", reason=str(e))
@@ -245,10 +247,5 @@ def _stores_heads_last(body, anchor) -> bool:
     swapped (fusion's permuted store, see passes/fuse.py)?"""
     if len(body.outputs) != 1:
         return False
-    c = body.producer(body.outputs[0])
-    p = body.producer(c.inputs[0]) if c is not None and c.op == "copy" else None
-    if p is None or p.op != "permute" or p.inputs[0] is not anchor.outputs[0]:
-        return False
-    r = len(p.attrs["perm"])
-    expect = tuple(range(r - 3)) + (r - 2, r - 3, r - 1)
-    return tuple(p.attrs["perm"]) == expect
+    pc = permuted_copy(body.producer, body.outputs[0])
+    return pc is not None and pc[0] is anchor.outputs[0] and heads_last(pc[1])

@@ -118,7 +118,7 @@ class TritonBackend:
         if info.kind == "reduction":
             rows = math.prod(s for d, s in enumerate(info.space) if d not in info.red_axes)
             cols = math.prod(info.space[d] for d in info.red_axes)
-            live = min(8, 2 + sum(1 for leaf in info.used_leaves().values() if leaf.gen == "" and
+            live = min(8, 2 + sum(1 for leaf in info.used_leaves().values() if leaf.kind == "load" and
                                   any(info.space_strides(leaf)[d] for d in info.red_axes)))
             widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
             s = sched_gpu.reduction_schedule(rows, cols, live, widest, target)
@@ -205,8 +205,8 @@ class TritonBackend:
         if info is None or info.kind != "matmul" or not tf32:
             return frozenset()
         lay = MatmulLayout(info)
-        i = lay.lb.source
-        if lay.dtype != torch.float32 or i is None or i == lay.la.source or inputs[i] not in consts:
+        i = lay.lb.buf
+        if lay.dtype != torch.float32 or i is None or i == lay.la.buf or inputs[i] not in consts:
             return frozenset()
         if lay.b_sn != 1 or lay.b_sk == 1 or inputs[i].type.rank < 2 or lay.n < 2:
             return frozenset()
@@ -280,13 +280,13 @@ class TritonBackend:
 def _bytes_read(info: BodyInfo) -> int:
     total = 0
     for leaf in info.used_leaves().values():
-        if leaf.gen == "" and any(info.space_strides(leaf)):
+        if leaf.kind == "load" and any(info.space_strides(leaf)):
             total += leaf.dtype.itemsize
     return max(1, total)
 
 
 def _operand_bytes(info: BodyInfo, lay: MatmulLayout) -> int:
-    return info.inputs[lay.la.source].nbytes + (info.inputs[lay.lb.source].nbytes if lay.lb.source != lay.la.source
+    return info.inputs[lay.la.buf].nbytes + (info.inputs[lay.lb.buf].nbytes if lay.lb.buf != lay.la.buf
                                                 else 0)
 
 

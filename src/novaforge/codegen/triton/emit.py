@@ -82,7 +82,7 @@ class BodyEmitter:
 
     # -- static dependence of values on lanes ------------------------------------------------
     def leaf_lanes(self, leaf: Leaf) -> frozenset[str]:
-        if leaf.gen == "const":
+        if leaf.kind == "const":
             return frozenset()
         strides = self.info.space_strides(leaf)
         return frozenset(ln.var for ln in self.lanes
@@ -160,7 +160,7 @@ class BodyEmitter:
 
     def _const_of(self, v: Value):
         leaf = self.info.leaves.get(v)
-        return leaf.value if leaf is not None and leaf.gen == "const" else None
+        return leaf.value if leaf is not None and leaf.kind == "const" else None
 
     def _lanes_of(self, strides: tuple[int, ...]) -> frozenset[str]:
         return frozenset(ln.var for ln in self.lanes
@@ -169,7 +169,7 @@ class BodyEmitter:
     def _cat_lanes(self, n) -> frozenset[str]:
         dim, pieces = cat_pieces(n, self.info.leaves, self.info.space)
         unit = tuple(1 if d == dim else 0 for d in range(len(self.info.space)))
-        return self._lanes_of(unit).union(*(self._lanes_of(p.strides) for p in pieces if p.leaf.gen != "const"))
+        return self._lanes_of(unit).union(*(self._lanes_of(p.leaf.strides) for p in pieces if p.leaf.kind != "const"))
 
     def _emit_cat(self, n) -> None:
         """A cat load: each piece read at its own addresses (masked to its range along the cat's
@@ -185,19 +185,19 @@ class BodyEmitter:
             p = pieces[k]
             sel = " & ".join(([f"({ca} >= {p.lo})"] if k else []) + ([f"({ca} < {p.hi})"] if k < len(pieces) - 1
                                                                       else []))
-            if p.leaf.gen == "const":
+            if p.leaf.kind == "const":
                 text = literal(p.leaf.value, p.leaf.dtype)
             else:
-                off, used = self.offset(p.strides, p.leaf.layout.offset - p.lo * p.strides[dim])
+                off, used = self.offset(p.leaf.strides, p.leaf.layout.offset - p.lo * p.leaf.strides[dim])
                 deps |= used
-                if p.leaf.gen == "iota":
-                    start, step = p.leaf.value
+                if p.leaf.kind == "iota":
+                    start, step = p.leaf.start, p.leaf.step
                     text = f"(({off}).to({tl_compute(p.leaf.dtype)}) * {step!r} + {start!r})" if off != "0" \
                         else literal(start, p.leaf.dtype)
                 else:
                     mask = self.mask_for(used | coord_lanes)
                     full = " & ".join(m for m in (sel, mask) if m)
-                    text = f"tl.load({self.ptrs[p.leaf.source]} + {off}" + (f", mask={full}, other=0)" if full else ")")
+                    text = f"tl.load({self.ptrs[p.leaf.buf]} + {off}" + (f", mask={full}, other=0)" if full else ")")
                     if p.leaf.dtype in (torch.float16, torch.bfloat16):
                         text += ".to(tl.float32)"
             name = self.fresh("g")
@@ -221,14 +221,14 @@ class BodyEmitter:
 
     def _load(self, v: Value) -> str:
         leaf = self.info.leaves[v]
-        name = self.fresh("c" if leaf.gen == "const" else "x")
-        if leaf.gen == "const":
+        name = self.fresh("c" if leaf.kind == "const" else "x")
+        if leaf.kind == "const":
             self.line(f"{name} = {literal(leaf.value, leaf.dtype)}")
             self.preset(v, name, ())
             return name
         off, used = self.offset(self.info.space_strides(leaf), leaf.layout.offset)
-        if leaf.gen == "iota":
-            start, step = leaf.value
+        if leaf.kind == "iota":
+            start, step = leaf.start, leaf.step
             cdt = tl_compute(leaf.dtype)
             if off == "0":
                 self.line(f"{name} = {literal(start, leaf.dtype)}")
@@ -237,7 +237,7 @@ class BodyEmitter:
             self.preset(v, name, used)
             return name
         mask = self.mask_for(used)
-        text = f"tl.load({self.ptrs[leaf.source]} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
+        text = f"tl.load({self.ptrs[leaf.buf]} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
         if leaf.dtype in (torch.float16, torch.bfloat16):
             text += ".to(tl.float32)"
         self.line(f"{name} = {text}")

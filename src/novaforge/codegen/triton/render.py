@@ -62,7 +62,8 @@ def render_pointwise(info: BodyInfo, sched: PointwiseSchedule) -> KernelSource:
     em.line(f"x = {'pid.to(tl.int64)' if wide else 'pid'} * {block} + tl.arange(0, {block})")
     if mask:
         em.line(f"xmask = x < {numel}")
-    for i, c, strides in info.stores:
+    for st in info.stores:
+        i, c, strides = st.buf, st.value, st.strides
         em.store(outs[i], c, strides, info.outputs[i].dtype)
     src = assemble(info, em, f"pointwise over {list(space)}", sched)
     return KernelSource(info.kernel.name, "pointwise", src, (cdiv(numel, block),), sched.num_warps, 1,
@@ -148,7 +149,8 @@ def render_reduction(info: BodyInfo, sched: ReductionSchedule) -> KernelSource:
             em.line(f"{name} = {reduce_expr(r.op, acc, 1, em.ctx)}")
             em.preset(r.out, name, em.static[r.out])
     row_stores, outer_stores = [], []
-    for i, c, strides in info.stores:
+    for st in info.stores:
+        i, c, strides = st.buf, st.value, st.strides
         uses_c = any(strides[d] != 0 and space[d] != 1 for d in axes) or "c" in em.static.get(c, frozenset())
         (row_stores if uses_c else outer_stores).append((i, c, strides))
     for i, c, strides in outer_stores:

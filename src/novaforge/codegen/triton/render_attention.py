@@ -86,7 +86,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     dt_in = None if e == bd else f"(offs_d[:, None] < {e})"
     dv_in = None if ev == bdv else f"(offs_dv[None, :] < {ev})"
     qm = both(row_in, d_in)
-    L(f"q = tl.load({ins[lq.source]} + {base(lq, qs, 'h')} + offs_m[:, None] * {qs[nb + 1]} + "
+    L(f"q = tl.load({ins[lq.buf]} + {base(lq, qs, 'h')} + offs_m[:, None] * {qs[nb + 1]} + "
       f"offs_d[None, :] * {qs[nb + 2]}" + (f", mask={qm}, other=0.0)" if qm else ")"))
     L("if UPCAST:")
     L("    q = q.to(tl.float32)")
@@ -98,7 +98,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     mask_leaf = None
     if mask is not None:
         mask_leaf = info.leaves[mask]
-        if mask_leaf.source is None:
+        if mask_leaf.buf is None:
             raise Unsupported("attention mask is not a kernel input")
 
     def key_blocks(lo: str, hi: str, bounded: bool, diagonal: bool) -> None:
@@ -109,7 +109,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
         with em.block(f"for start_n in range({lo}, {hi}, {bn}):"):
             L("offs_n = start_n + offs_n0")
             km = both(n_in, dt_in)
-            L(f"kt = tl.load({ins[lk.source]} + {k_base} + offs_n[None, :] * {ks[nb + 1]} + "
+            L(f"kt = tl.load({ins[lk.buf]} + {k_base} + offs_n[None, :] * {ks[nb + 1]} + "
               f"offs_d[:, None] * {ks[nb + 2]}" + (f", mask={km}, other=0.0)" if km else ")"))
             L("if UPCAST:")
             L("    kt = kt.to(tl.float32)")
@@ -119,7 +119,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
                 keep.append("(offs_n[None, :] <= offs_m[:, None])")
             if mask_leaf is not None:
                 ms = _aligned_strides(mask_leaf.layout, batch_shape + (hq, length, s))
-                m_ptr = (f"{ins[mask_leaf.source]} + {base(mask_leaf, ms, 'h')} + offs_m[:, None] * {ms[nb + 1]} + "
+                m_ptr = (f"{ins[mask_leaf.buf]} + {base(mask_leaf, ms, 'h')} + offs_m[:, None] * {ms[nb + 1]} + "
                          f"offs_n[None, :] * {ms[nb + 2]}")
                 m_in = both(row_in, n_in)
                 m_arg = f", mask={m_in}, other=0" if m_in else ""
@@ -136,7 +136,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
             L("alpha = tl.exp2(m_i - m_safe)")
             L("l_i = l_i * alpha + tl.sum(p, 1)")
             vm = both(nt_in, dv_in)
-            L(f"vt = tl.load({ins[lv.source]} + {v_base} + offs_n[:, None] * {vs[nb + 1]} + "
+            L(f"vt = tl.load({ins[lv.buf]} + {v_base} + offs_n[:, None] * {vs[nb + 1]} + "
               f"offs_dv[None, :] * {vs[nb + 2]}" + (f", mask={vm}, other=0.0)" if vm else ")"))
             L("if UPCAST:")
             L("    vt = vt.to(tl.float32)")
@@ -167,7 +167,8 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     if dvmask:
         L(f"dvmask = od2 < {ev}")
     em.preset(anchor.out, "o", {"om2", "od2"})
-    for i, c, strides in info.stores:
+    for st in info.stores:
+        i, c, strides = st.buf, st.value, st.strides
         em.store(outs[i], c, strides, info.outputs[i].dtype)
     header = (f"flash attention [{nbatch} x {hq} heads (kv {hk})] L={length} S={s} D={e} Dv={ev} "
               f"{'causal' if causal else ('masked' if mask is not None else 'full')}, {q.type.dtype}")

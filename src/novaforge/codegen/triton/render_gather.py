@@ -34,10 +34,10 @@ def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     i_strides += (0,) * (len(space) - ax - ri)
     off_i, used_i = em.offset(i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
-    em.line(f"ix = tl.load({em.ptrs[li.source]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(lx.layout.strides[:ax]) + (0,) * ri + tuple(lx.layout.strides[ax + 1:])
     off_x, _ = em.offset(x_strides, lx.layout.offset)
-    text = f"tl.load({em.ptrs[lx.source]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
+    text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
         f", mask={mask}, other=0)" if mask else ")")
     if x.type.dtype in (torch.float16, torch.bfloat16):
         text += ".to(tl.float32)"
@@ -54,10 +54,10 @@ def _emit_gather(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     i_strides = tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
     off_i, used_i = em.offset(i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
-    em.line(f"ix = tl.load({em.ptrs[li.source]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(0 if d == ax else s for d, s in enumerate(lx.layout.strides))
     off_x, _ = em.offset(x_strides, lx.layout.offset)
-    text = f"tl.load({em.ptrs[lx.source]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
+    text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
         f", mask={mask}, other=0)" if mask else ")")
     if x.type.dtype in (torch.float16, torch.bfloat16):
         text += ".to(tl.float32)"
@@ -82,7 +82,7 @@ def _emit_cat(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
         off, _ = em.offset(strides, leaf.layout.offset - start * strides[ax])
         sel = f"(ca >= {start}) & (ca < {start + n})"
         m = f"{sel} & {mask}" if mask else sel
-        text = f"tl.load({em.ptrs[leaf.source]} + {off}, mask={m}, other=0)"
+        text = f"tl.load({em.ptrs[leaf.buf]} + {off}, mask={m}, other=0)"
         if v.type.dtype in (torch.float16, torch.bfloat16):
             text += ".to(tl.float32)"
         em.line(f"g = {text}" if not have else f"g = tl.where({sel}, {text}, g)")
@@ -108,7 +108,8 @@ def render_gather(info: BodyInfo, sched: PointwiseSchedule) -> KernelSource:
     emit = {"take": _emit_take, "gather": _emit_gather, "cat": _emit_cat}[info.anchor.op]
     name = emit(em, info, mask)
     em.preset(info.anchor.out, name, {"x"})
-    for i, c, strides in info.stores:
+    for st in info.stores:
+        i, c, strides = st.buf, st.value, st.strides
         em.store(outs[i], c, strides, info.outputs[i].dtype)
     src = assemble(info, em, f"{info.anchor.op} over {list(space)}", sched)
     return KernelSource(info.kernel.name, "gather", src, (cdiv(numel, block),), sched.num_warps, 1,

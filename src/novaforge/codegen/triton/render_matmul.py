@@ -106,7 +106,7 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     rows, n, k = lay.rows, lay.n, lay.k
     wide = info.max_span() >= WIDE
     ins, outs = params(info)
-    a_ptr, b_ptr = ins[lay.la.source], ins[lay.lb.source]
+    a_ptr, b_ptr = ins[lay.la.buf], ins[lay.lb.buf]
     tma = lay.tma_operands() if sched.loader == "tma" else None
     mmask = None if rows % bm == 0 else "mmask"
     nmask = None if n % bn == 0 else "nmask"
@@ -239,7 +239,8 @@ def _tile(em: BodyEmitter, info: BodyInfo, lay: MatmulLayout, sched: MatmulSched
             if nmask:
                 L(f"nmask = rn2 < {n}")
             em.preset(info.anchor.out, part, {"rm2", "rn2"})
-            for i, c, strides in info.stores:
+            for st in info.stores:
+                i, c, strides = st.buf, st.value, st.strides
                 em.store(outs[i], c, strides, info.outputs[i].dtype)
 
 
