@@ -3,6 +3,7 @@
     compiled = novaforge.compile(model)            # or torch.compile(model, backend="novaforge")
     print(novaforge.explain(model, *inputs))        # what the compiler did, pass by pass
     novaforge.report(model, *inputs, path="r.html")  # the same as one HTML page with plots
+    step = novaforge.compile_step(model, optimizer)  # forward, loss, backward, update: one program
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from .api import CompiledModule, compile  # noqa: E402
 from .bisect import bisect  # noqa: E402  (novaforge.bisect(model, *inputs): the guilty pass and decision)
 from .frontend.capture import CaptureError  # noqa: E402
 from .frontend.lower import UnsupportedError  # noqa: E402
+from .training import compile_step  # noqa: E402
 
-__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "explain",
-           "report"]
+__all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "compile_step",
+           "explain", "report"]
 
 
 def explain(model, *args, **kwargs):

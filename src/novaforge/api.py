@@ -75,6 +75,7 @@ class CompiledModule:
         self.backend = backend
         self.options = dict(options or {})
         self._programs: dict[tuple, _Entry] = {}
+        self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
         self.last_stats: CompileStats | None = None
@@ -94,6 +95,8 @@ class CompiledModule:
             flat = pytrees.flatten((tuple(args), dict(kwargs)))
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
         key = (spec_key, _signature(tensors), torch.is_grad_enabled())
+        if key[2] and self._trains(tensors):
+            return self._train_entry(key, args, kwargs).run(tensors, objs)
         entry = self._programs.get(key)
         if entry is None or not entry.binding.refresh():
             with self._lock:
@@ -103,6 +106,25 @@ class CompiledModule:
                     entry = self._compile(args, kwargs)
                     self._programs[key] = entry
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
+
+    def _trains(self, tensors: list[torch.Tensor]) -> bool:
+        """A call that needs gradients runs the differentiable (forward + backward) programs."""
+        if self.freeze or not isinstance(self.fn, torch.nn.Module):
+            return False
+        return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in self.fn.parameters())
+
+    def _train_entry(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        from .training import TrainEntry
+
+        entry = self._train_entries.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._train_entries.get(key)
+                if entry is None:
+                    entry = TrainEntry(self.fn, args, kwargs, {**self.options, "backend": self.backend})
+                    self._train_entries[key] = entry
+                    self.compilations += 1
+        return entry
 
     def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
         if not torch.is_grad_enabled():

@@ -1,0 +1,139 @@
+"""Training compiled: `novaforge.compile(model)` calls that need gradients (AOTAutograd forward
+and backward graphs through novaforge) and `novaforge.compile_step` (forward, loss, backward and
+the optimizer update as one program), against eager on the tiny nanoGPT."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import novaforge
+from novaforge.bench.workloads import build_training_model, training_batches
+
+
+def _pair(name="gpt-tiny"):
+    a, b = build_training_model(name), build_training_model(name)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _batches(count=4):
+    return training_batches(512, 2, 32, count=count)
+
+
+def _eager_step(model, opt, x, y, clip=None):
+    opt.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return loss.item()
+
+
+OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1),
+    # Adam's L2 weight decay adds wd * p to the gradient: where the two cancel, m / sqrt(v) turns
+    # rounding into lr-sized steps, eager against eager too; the decoupled decay is tested above
+    "adam": lambda ps: torch.optim.Adam(ps, lr=3e-3),
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+}
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_compile_step_losses_equal_eager(opt_name):
+    a, b = _pair()
+    oa, ob = OPTIMIZERS[opt_name](a.parameters()), OPTIMIZERS[opt_name](b.parameters())
+    step = novaforge.compile_step(a, oa)
+    batches = _batches()
+    for i in range(50 if opt_name == "adamw" else 12):  # 50 steps for AdamW (the target), fewer for the rest
+        x, y = batches[i % len(batches)]
+        got, want = step(x, y).item(), _eager_step(b, ob, x, y)
+        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    assert step.compilations == 1
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-3, rtol=1e-3)
+
+
+def test_compile_step_accumulation_clipping_and_lr_schedule():
+    a, b = _pair()
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    sa, sb = torch.optim.lr_scheduler.StepLR(oa, 2, 0.5), torch.optim.lr_scheduler.StepLR(ob, 2, 0.5)
+    step = novaforge.compile_step(a, oa, accumulate=2, clip_grad_norm=0.5)
+    batches = _batches()
+    for i in range(6):
+        pair = [batches[(2 * i + j) % len(batches)] for j in range(2)]
+        for x, y in pair:
+            step(x, y)
+        ob.zero_grad(set_to_none=True)
+        for x, y in pair:
+            (b(x, y) / 2).backward()
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 0.5)
+        ob.step()
+        sa.step()
+        sb.step()
+    assert step.compilations == 2  # accumulate-only and accumulate-and-update; lr changes recompile nothing
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-3, rtol=1e-3)  # lr 1e-2: an Adam step is ~lr per element
+    x, y = batches[0]
+    with torch.no_grad():
+        assert abs(a(x, y).item() - b(x, y).item()) <= 1e-4 * b(x, y).item()
+
+
+def test_compile_step_state_dict_round_trips():
+    a, b = _pair()
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=3e-3), torch.optim.AdamW(b.parameters(), lr=3e-3)
+    step = novaforge.compile_step(a, oa)
+    batches = _batches()
+    for i in range(3):
+        step(*batches[i])
+        _eager_step(b, ob, *batches[i])
+    sd = copy.deepcopy(oa.state_dict())  # compiled state, in torch's format, into a fresh eager optimizer
+    c = build_training_model("gpt-tiny")
+    c.load_state_dict(a.state_dict())
+    oc = torch.optim.AdamW(c.parameters(), lr=3e-3)
+    oc.load_state_dict(sd)
+    for i in range(3, 6):
+        x, y = batches[i % len(batches)]
+        want = _eager_step(b, ob, x, y)
+        assert abs(_eager_step(c, oc, x, y) - want) <= 1e-4 * abs(want)
+        assert abs(step(x, y).item() - want) <= 1e-4 * abs(want)
+
+
+def test_compiled_module_trains_with_gradients_like_eager():
+    a, b = _pair()
+    c = novaforge.compile(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=3e-3), torch.optim.AdamW(b.parameters(), lr=3e-3)
+    batches = _batches()
+    for i in range(5):
+        x, y = batches[i % len(batches)]
+        oa.zero_grad(set_to_none=True)
+        loss = c(x, y)
+        loss.backward()
+        grads = [p.grad.clone() for p in a.parameters()]
+        oa.step()
+        want = _eager_step(b, ob, x, y)
+        assert abs(loss.item() - want) <= 1e-4 * abs(want)
+    for g, p in zip(grads, b.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)
+    assert c.compilations == 1
+    with torch.no_grad():  # inference calls of the same module use the frozen-free inference program
+        torch.testing.assert_close(c(batches[0][0]), b(batches[0][0]), atol=1e-4, rtol=1e-4)
+
+
+def test_training_mode_batchnorm_buffers_are_updated():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.LazyLinear(2))
+    x = torch.randn(4, 3, 8, 8)
+    m(x)  # materializes the lazy layer
+    ref = copy.deepcopy(m)
+    c = novaforge.compile(m)
+    c(x).sum().backward()
+    ref(x).sum().backward()
+    torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
+    torch.testing.assert_close(m[1].running_var, ref[1].running_var)
+    torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, atol=1e-5, rtol=1e-4)
