@@ -60,6 +60,8 @@ KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
      "codegen/triton: a float64 -> bfloat16 cast gives 0 in the interpreter"),
     ("layout", r"is not contiguous", ("triton",),
      "triton program: x.transpose(..).contiguous() of an expanded input returned as a strided view"),
+    ("layout", r"is not contiguous", ("interpret",),
+     "backend='interpret': results computed from a transposed copy (x.t().contiguous() ** 2) keep its strides"),
     ("crash", r"GuardOnDataDependentSymNode", ("cpu", "triton", "interpret"),
      "frontend/capture_fx.py: boolean-mask indexing followed by a reduction is a CaptureError, not an "
      "UnsupportedError naming aten.index.Tensor"),
