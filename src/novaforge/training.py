@@ -202,19 +202,25 @@ class CompiledStep:
             grads = [g.detach() for g in grads]
             if accumulate > 1:
                 grads = [b + g / accumulate for b, g in zip(grad_bufs, grads, strict=True)]
-            if not update:
-                return loss.detach(), [], [], grads
-            if clip is not None:
-                norm = torch.sqrt(sum((g.float() ** 2).sum() for g in grads))
-                coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
-                grads = [g * coef for g in grads]
-            it = iter(states)
-            new_params, new_states = [], []
-            for p, g, h, n in zip(params, grads, hypers, n_state, strict=True):
-                np_, ns = _update(kind, h, p, g, [next(it) for _ in range(n)], lr)
-                new_params.append(np_)
-                new_states.extend(ns)
-            return loss.detach(), new_params, new_states, [torch.zeros_like(b) for b in grad_bufs]
+            with torch.no_grad():  # the writes below are the step's in-place updates (graph mutations)
+                if not update:
+                    for b, g in zip(grad_bufs, grads, strict=True):
+                        b.copy_(g)
+                    return loss.detach()
+                if clip is not None:
+                    norm = torch.sqrt(sum((g.float() ** 2).sum() for g in grads))
+                    coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
+                    grads = [g * coef for g in grads]
+                it = iter(states)
+                for p, g, h, n in zip(params, grads, hypers, n_state, strict=True):
+                    old = [next(it) for _ in range(n)]
+                    new_p, new_state = _update(kind, h, p, g, old, lr)
+                    p.copy_(new_p)
+                    for dst, src in zip(old, new_state, strict=True):
+                        dst.copy_(src)
+                for b in grad_bufs:
+                    b.copy_(torch.zeros_like(b))  # a final copy_, like every write of the step
+            return loss.detach()
 
         return step
 
@@ -244,12 +250,7 @@ class CompiledStep:
                 self._compiled[key] = fn
             flat_states = [t for s in states for t in s]
             with torch.no_grad():  # the program computes the gradients itself
-                loss, new_params, new_states, new_bufs = fn(params, flat_states, self._grad_bufs or [], lr,
-                                                            tuple(args), dict(kwargs))
-                for dst, src in zip(params + flat_states, new_params + new_states, strict=False):
-                    dst.copy_(src)
-                for dst, src in zip(self._grad_bufs or [], new_bufs, strict=True):
-                    dst.copy_(src)
+                loss = fn(params, flat_states, self._grad_bufs or [], lr, tuple(args), dict(kwargs))
             return loss
 
     @property

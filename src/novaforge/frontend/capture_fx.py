@@ -44,10 +44,23 @@ def _tracing_flags():
 
 
 def _has_mutation(gm: torch.fx.GraphModule) -> bool:
-    for n in gm.graph.nodes:
+    """Whether the plain trace needs functionalizing: any in-place op except a final
+    `copy_(input, value)` (an input overwritten once, its old value not read afterwards), which
+    already is the form functionalization produces. (A training step that writes its updated
+    parameters back this way stays traceable: autograd.grad cannot be functionalized.)"""
+    nodes = list(gm.graph.nodes)
+    copied: set[torch.fx.Node] = set()
+    for i, n in enumerate(nodes):
         schema = getattr(n.target, "_schema", None)
-        if n.op == "call_function" and schema is not None and schema.is_mutable:
+        if n.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        dst = n.args[0] if n.args else None
+        final_copy = (n.target is torch.ops.aten.copy_.default and isinstance(dst, torch.fx.Node)
+                      and dst.op == "placeholder" and dst not in copied and not n.users
+                      and all(u is n or nodes.index(u) < i for u in dst.users))
+        if not final_copy:
             return True
+        copied.add(dst)
     return False
 
 
