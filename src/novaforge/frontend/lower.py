@@ -40,6 +40,13 @@ class UnsupportedError(NotImplementedError):
 def source_line(fx_node: torch.fx.Node) -> str:
     """The innermost user-code line of an FX node's stack trace ('file.py:12 in forward: code')."""
     st = fx_node.meta.get("stack_trace") or ""
+    if not st:  # traced without stack traces: the module the op ran in ('h.3.attn (GPT2Attention)')
+        stack = fx_node.meta.get("nn_module_stack") or {}
+        if stack:
+            path, cls = list(stack.values())[-1]
+            name = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
+            return f"{path} ({name.rsplit('.', 1)[-1]})" if path else name.rsplit(".", 1)[-1]
+        return ""
     lines = [ln.strip() for ln in st.strip().splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         ln = lines[i]
