@@ -484,3 +484,24 @@ def test_cache_sizes_and_blocking_are_sane():
     assert blk["kc"] >= 64 and blk["mc"] % blk["mr"] == 0 and blk["nc"] % blk["nr"] == 0
     if sizes["l1d"]:
         assert blk["kc"] * blk["mr"] * 4 <= sizes["l1d"]  # the A micro-panel fits L1
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("k,n", [(1, 1), (5, 7), (768, 97), (130, 2304), (3, 64)])
+def test_few_rows_row_major_b_streams_rows(m, k, n):
+    """Decode with a row-major B read in place (a GPT-2 Conv1D weight): the row-streaming kernel,
+    with every epilogue, a strided A, accumulation and one or two threads."""
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    a_full = torch.randn(m, 2 * k + 1, generator=g)
+    a = a_full[:, 1::2]  # column stride 2
+    b = torch.randn(k, n, generator=g)
+    bias, res = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    want = a @ b
+    for threads in (1, 2):
+        torch.testing.assert_close(ops.matmul(a, b, nthreads=threads), want, atol=1e-4, rtol=1e-4)
+        got = ops.matmul(a, b, bias=bias, act="relu", residual=res, nthreads=threads)
+        torch.testing.assert_close(got, torch.relu(want + bias) + res, atol=1e-4, rtol=1e-4)
+        out = torch.randn(m, n, generator=g)
+        expect = out + want
+        ops.matmul(a, b, out=out, accumulate=True, nthreads=threads)
+        torch.testing.assert_close(out, expect, atol=1e-4, rtol=1e-4)

@@ -8,7 +8,13 @@
 
 #include <stdlib.h>
 
+struct nf_epilogue;
+
 namespace nfi {
+/* C = A @ B for few rows of A (M <= 4: decode) and a row-major B (cs_b == 1) read in place, streaming
+ * B's rows (nf_gemm_nt.cpp); false (nothing done) when the shape does not qualify. */
+bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+                       long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 long l1d_bytes();  // L1 data cache, bytes
 long l2_bytes();   // L2 cache (per core), bytes
 

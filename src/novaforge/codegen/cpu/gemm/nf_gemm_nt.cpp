@@ -222,6 +222,74 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     }
 }
 
+/* ---------------- few rows, row-major B: C = A @ B streaming the rows of B ----------------
+ * For decode (M <= kRowsRowMajor) with B[K, N] row-major read in place (a GPT-2 Conv1D weight): each
+ * thread owns a column range [n0, n1) of C, which stays in L1/L2, and streams its slice of four rows
+ * of B at a time (contiguous runs the hardware prefetcher follows), C[m, j] += sum of a[m, k..k+3] *
+ * B[k..k+3, j]. Nothing is packed; every element of B is read once. Then the epilogue pass and the
+ * tile callback run on the range, in kChunk-column chunks. */
+constexpr long kRowsRowMajor = 4;
+
+void rowmajor_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+                    float* C, long ldc, bool accumulate, const nf_epilogue* ep, long n0, long n1) {
+    (void)N;
+    if (n0 >= n1) return;
+    const long len = n1 - n0, full = n0 + len / W * W;
+    const nfs::vm tail = nfs::vmask_range(0, (int)(n1 - full));
+    if (!accumulate)
+        for (long m = 0; m < M; ++m) memset(C + m * ldc + n0, 0, (size_t)len * sizeof(float));
+    long k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const float* b0 = B + k * rs_b;
+        const float *b1 = b0 + rs_b, *b2 = b1 + rs_b, *b3 = b2 + rs_b;
+        nfs::vf a[kRowsRowMajor][4];
+        for (long m = 0; m < M; ++m)
+            for (int q = 0; q < 4; ++q) a[m][q] = nfs::vset1(A[m * rs_a + (k + q) * cs_a]);
+        for (long j = n0; j < full; j += W) {
+            const nfs::vf x0 = nfs::vload(b0 + j), x1 = nfs::vload(b1 + j), x2 = nfs::vload(b2 + j),
+                          x3 = nfs::vload(b3 + j);
+            for (long m = 0; m < M; ++m) {
+                float* c = C + m * ldc + j;
+                nfs::vf acc = nfs::vfma(a[m][0], x0, nfs::vload(c));
+                acc = nfs::vfma(a[m][1], x1, acc);
+                acc = nfs::vfma(a[m][2], x2, acc);
+                nfs::vstore(c, nfs::vfma(a[m][3], x3, acc));
+            }
+        }
+        if (full < n1) {
+            const nfs::vf x0 = nfs::vload_mask(b0 + full, tail), x1 = nfs::vload_mask(b1 + full, tail),
+                          x2 = nfs::vload_mask(b2 + full, tail), x3 = nfs::vload_mask(b3 + full, tail);
+            for (long m = 0; m < M; ++m) {
+                float* c = C + m * ldc + full;
+                nfs::vf acc = nfs::vfma(a[m][0], x0, nfs::vload_mask(c, tail));
+                acc = nfs::vfma(a[m][1], x1, acc);
+                acc = nfs::vfma(a[m][2], x2, acc);
+                nfs::vstore_mask(c, tail, nfs::vfma(a[m][3], x3, acc));
+            }
+        }
+    }
+    for (; k < K; ++k) {
+        const float* b0 = B + k * rs_b;
+        for (long m = 0; m < M; ++m) {
+            const nfs::vf a0 = nfs::vset1(A[m * rs_a + k * cs_a]);
+            float* c = C + m * ldc;
+            for (long j = n0; j < full; j += W) nfs::vstore(c + j, nfs::vfma(a0, nfs::vload(b0 + j), nfs::vload(c + j)));
+            if (full < n1)
+                nfs::vstore_mask(c + full, tail,
+                                 nfs::vfma(a0, nfs::vload_mask(b0 + full, tail), nfs::vload_mask(c + full, tail)));
+        }
+    }
+    const float* bias = ep ? ep->bias : nullptr;
+    const int act = ep ? ep->act : 0;
+    const float* res = ep ? ep->residual : nullptr;
+    const long ldr = ep ? ep->ld_residual : 0;
+    for (long jc = n0; jc < n1; jc += kChunk) {
+        const long jce = std::min(n1, jc + kChunk);
+        epilogue_pass(C, ldc, 0, M, jc, jce, bias, act, res, ldr);
+        if (ep && ep->tile_fn) ep->tile_fn(ep->tile_ctx, 0, C + jc, ldc, 0, jc, M, jce - jc);
+    }
+}
+
 /* ---------------- threading ---------------- */
 
 constexpr long kTasksPerThread = 4;  // dynamic tasks per thread (robust to a descheduled thread)
@@ -263,6 +331,28 @@ void nt_run(const NtProblem& P, int nthreads) {
     }
 }
 
+void rowmajor_run(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, float* C,
+                  long ldc, bool accumulate, const nf_epilogue* ep, int nthreads) {
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (omp_in_parallel()) nt = 1;
+    const double macs = (double)M * N * K;
+    // columns in whole vectors, at least 64 per task; a task per thread (one parallel region, no barrier
+    // but its end: each thread streams only its columns of every row of B)
+    const long unit = std::max((long)W, kChunk), nu = cdiv(N, unit);
+    long tasks = std::min(nu, std::max(1L, std::min((long)nt, (long)(macs / kMinThreadMacs))));
+    if (nt > tasks) nt = (int)tasks;
+    auto run_task = [&](long t) {
+        rowmajor_block(M, N, K, A, rs_a, cs_a, B, rs_b, C, ldc, accumulate, ep, split(nu, tasks, t, unit, N),
+                       split(nu, tasks, t + 1, unit, N));
+    };
+    if (nt <= 1) {
+        for (long t = 0; t < tasks; ++t) run_task(t);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (long t = 0; t < tasks; ++t) run_task(t);
+}
+
 NtProblem make_nt(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt, int w_bf16,
                   long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep) {
     NtProblem P;
@@ -284,6 +374,15 @@ NtProblem make_nt(long M, long N, long K, const void* A, int a_bf16, long rs_a, 
 constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
 
 }  // namespace
+
+namespace nfi {
+bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
+                       long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (M < 1 || M > kRowsRowMajor || cs_b != 1 || N < 1) return false;
+    rowmajor_run(M, N, std::max(K, 0L), A, rs_a, cs_a, B, rs_b, C, ldc, accumulate != 0, ep, nthreads);
+    return true;
+}
+}  // namespace nfi
 
 /* ---------------- C API ---------------- */
 
