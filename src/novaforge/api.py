@@ -121,6 +121,10 @@ class CompiledModule:
             with self._lock:
                 entry = self._train_entries.get(key)
                 if entry is None:
+                    if has_meta_state(self.fn):
+                        raise RuntimeError("this model's parameters or buffers are on the meta device (no data): "
+                                           "its programs can be compiled and inspected (compile_only, explain) "
+                                           "but not run or trained")
                     entry = TrainEntry(self.fn, args, kwargs, {**self.options, "backend": self.backend})
                     self._train_entries[key] = entry
                     self.compilations += 1
@@ -143,6 +147,13 @@ class CompiledModule:
         return _Entry(stats, self.fn)
 
     def stats(self) -> CompileStats | None:
+        """The last compiled program's stats; for a module only ever called with gradients, its
+        differentiable forward program's."""
+        if self.last_stats is None:
+            for entry in reversed(self._train_entries.values()):
+                stats = entry.stats()
+                if stats is not None:
+                    return stats
         return self.last_stats
 
     def compile_only(self, *args: Any, **kwargs: Any) -> CompileStats:

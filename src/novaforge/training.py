@@ -70,9 +70,17 @@ class TrainEntry:
             self.out_spec = f.spec
             return f.leaves
 
-        compiler = _compile_aten(dict(options))
+        self.programs: list[Any] = []  # the forward's and the backward's _AtenGraphProgram
+        compiler = _compile_aten(dict(options), self.programs)
         self.compiled = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions())
         self._lock = threading.Lock()
+
+    def stats(self) -> Any:
+        """The forward program's CompileStats (None before the first call or where it fell back)."""
+        for program in self.programs:
+            if program.stats:
+                return program.stats[-1]
+        return None
 
     def run(self, tensors: list[torch.Tensor], objs: list[Any]) -> Any:
         params = [p for _, p in self.module.named_parameters()]

@@ -20,6 +20,9 @@ of the captured signature, or capture raises a clear error.
 from __future__ import annotations
 
 import contextlib
+import linecache
+import os
+import sys
 import time
 from typing import Any
 
@@ -136,12 +139,57 @@ def _fake_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+_INTERNAL_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                  os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                  os.path.dirname(contextlib.__file__) + os.sep)
+_internal_code: dict[Any, bool] = {}  # code object -> whether it is torch's, novaforge's or the stdlib's
+
+
+def _innermost_user_frame() -> str:
+    """'  File "path", line N, in fn\n    code' for the innermost frame outside torch, novaforge and
+    the standard library (the format of an FX stack trace, read by lower.source_line); '' if none."""
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        internal = _internal_code.get(code)
+        if internal is None:
+            internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL_DIRS) or \
+                code.co_filename.startswith("<")
+        if not internal:
+            line = linecache.getline(code.co_filename, f.f_lineno).strip()
+            return f'  File "{code.co_filename}", line {f.f_lineno}, in {code.co_name}\n    {line}'
+        f = f.f_back
+    return ""
+
+
+@contextlib.contextmanager
+def _user_lines():
+    """While make_fx traces, each call_function node records its innermost user frame as its
+    stack_trace (one frame, no symbolization of the whole stack)."""
+    from torch.fx.experimental.proxy_tensor import PythonKeyTracer
+
+    original = PythonKeyTracer.create_node
+
+    def create_node(self, kind, *args, **kwargs):
+        node = original(self, kind, *args, **kwargs)
+        if kind == "call_function" and "stack_trace" not in node.meta:
+            node.meta["stack_trace"] = _innermost_user_frame()
+        return node
+
+    PythonKeyTracer.create_node = create_node
+    try:
+        yield
+    finally:
+        PythonKeyTracer.create_node = original
+
+
 def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                fake: bool = False):
-    """Capture a module without recording stack traces (about a quarter of make_fx's time goes
-    into symbolizing one per node: its nodes keep their module path, 'h.3.attn (GPT2Attention)',
-    as provenance); if lowering then fails, capture again with them, so the error names the
-    user's source line. Plain functions (small graphs) always record them."""
+    """Capture a module without make_fx's stack traces (about a quarter of its time goes into
+    symbolizing a whole stack per node): each node instead records its innermost user frame
+    (`_user_lines`, a walk up the live frames), which is the provenance line the IR, the
+    report and the bisector show. If lowering then fails, capture again with full stack traces,
+    so the error names the user's source line. Plain functions (small graphs) always record them."""
     if is_function:
         return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True)
     try:
@@ -187,7 +235,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
-        with torch.no_grad(), _tracing_flags():
+        with torch.no_grad(), _tracing_flags(), (contextlib.nullcontext() if stacks else _user_lines()):
             return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
                            decomposition_table=_decompositions())(*example)
 

@@ -261,12 +261,16 @@ class _EagerRunner:
         return list(self.gm(*args))
 
 
-def _compile_aten(options: dict[str, Any]):
+def _compile_aten(options: dict[str, Any], programs: list | None = None):
+    """An AOTAutograd graph compiler; each compiled graph's _AtenGraphProgram is appended to
+    `programs` when given (forward first, then backward)."""
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
         from torch._functorch.aot_autograd import make_boxed_func
 
         logs.configure()  # NOVAFORGE_LOGS applies to the Dynamo entry point too
         program = _AtenGraphProgram(gm, example_inputs, options)
+        if programs is not None:
+            programs.append(program)
 
         def run(*args: Any):
             return program(*args)
