@@ -27,6 +27,7 @@ from . import logs, settings
 from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
 from .ir import Graph
+from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
@@ -73,7 +74,7 @@ class CompiledModule:
         self.fn = fn
         self.freeze = freeze
         self.backend = backend
-        self.options = dict(options or {})
+        self.options = Options.of(options)  # validated: an unknown option raises here
         self._programs: dict[tuple, _Entry] = {}
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
@@ -273,12 +274,12 @@ def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:
     return all(t.device.type == "cpu" for t in leaves if isinstance(t, torch.Tensor))
 
 
-def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: dict[str, Any],
+def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: Options,
                     fake: bool) -> Captured:
     """capture(), or its result from the captured-graph cache (frontend/graph_cache.py)."""
     from .frontend import graph_cache
 
-    mode = options.get("capture", "fx")
+    mode = options.capture
     key = None
     if not fake and mode == "fx" and graph_cache.enabled(options):
         key = graph_cache.key_for(fn, pytrees.flatten((tuple(args), dict(kwargs))), freeze, options)
@@ -306,14 +307,15 @@ _log_runtime = logs.get_logger("runtime")
 
 
 def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
-                   options: dict[str, Any], session: logs.CompileSession) -> CompileStats:
+                   options: Options | dict[str, Any], session: logs.CompileSession) -> CompileStats:
     t0 = time.perf_counter()
+    options = Options.of(options)
     session.stage("capture")
     if _probably_cpu(backend, args, kwargs):
         from .codegen.cpu.gemm.build import start_background_build
 
         start_background_build()  # the GEMM library compiles while the model is captured
-    fake = bool(options.get("compile_only")) or has_meta_state(fn)
+    fake = options.compile_only or has_meta_state(fn)
     with torch.no_grad() if freeze else contextlib.nullcontext():
         captured = _capture_cached(fn, args, kwargs, freeze, options, fake)
     t1 = time.perf_counter()
@@ -321,10 +323,9 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     from .codegen.registry import get_backend
 
     be = get_backend(chosen)
-    opts = dict(options)
-    opts.setdefault("backend", chosen)
-    if session.dump is not None:
-        opts.setdefault("dump_dir", str(session.dump.path))  # the Triton backend writes its sources there
+    opts = options.replace(backend=chosen) if options.backend == "auto" else options
+    if session.dump is not None and not opts.dump_dir:
+        opts = opts.replace(dump_dir=str(session.dump.path))  # the Triton backend writes its sources there
     graph, records = run_pipeline(captured.graph, options=opts, target=be.target(), backend=be)
     t2 = time.perf_counter()
     session.stage(f"codegen and build, {sum(1 for n in graph.nodes if n.op == 'kernel')} kernels")

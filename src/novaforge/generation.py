@@ -105,7 +105,7 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
     gen_config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
     chose_cache = ("past_key_values" in kwargs or "cache_implementation" in kwargs
                    or getattr(gen_config, "cache_implementation", None) is not None)
-    static = compiled.options.get("generate_cache", "static") == "static"
+    static = compiled.options.generate_cache == "static"
     if not chose_cache and static and static_cache_supported(model):
         cache = _bucketed_static_cache(model, args, kwargs, gen_config)
         if cache is not None:

@@ -27,6 +27,11 @@ def cache_root() -> Path:
     return Path(_get("XDG_CACHE_HOME") or Path.home() / ".cache") / "novaforge"
 
 
+def cache_dir_override() -> str:
+    """$NOVAFORGE_CACHE_DIR itself ('' when unset): whether a cache root was chosen explicitly."""
+    return _get("NOVAFORGE_CACHE_DIR")
+
+
 def backend_override() -> str:
     """$NOVAFORGE_BACKEND: replaces backend='auto' ('' when unset)."""
     return _get("NOVAFORGE_BACKEND")

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from .measure import current_rss_mb, nvml_energy_reader, peak_rss_mb, sync_for, time_calls
 from .results import dumps
 from .runners import RUNNERS, load_runner
@@ -260,7 +261,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("tf32"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    cache_dir = os.environ.get("NOVAFORGE_CACHE_DIR")
+    cache_dir = settings.cache_dir_override()
     cache_state = None
     if spec["runner"].startswith("novaforge") and cache_dir:
         cache_state = "warm" if Path(cache_dir).is_dir() and any(Path(cache_dir).iterdir()) else "cold"

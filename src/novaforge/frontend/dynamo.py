@@ -39,6 +39,7 @@ import torch
 import torch.fx
 
 from .. import logs
+from ..options import Options
 
 log = logs.get_logger("dynamo")
 
@@ -112,8 +113,8 @@ class _AtenGraphProgram:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> None:
         self.gm = gm
-        self.options = dict(options)
-        self.fallback_mode = self.options.pop("fallback", "eager")
+        self.options = Options.of(options)
+        self.fallback_mode = self.options.fallback
         if self.fallback_mode not in FALLBACK_MODES:
             raise ValueError(f"option fallback must be one of {FALLBACK_MODES}, got {self.fallback_mode!r}")
         self.programs: dict[tuple, Any] = {}
@@ -160,10 +161,9 @@ class _AtenGraphProgram:
         graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
         graph.meta["aten_ops"] = aten
-        backend = resolve_backend(self.options.get("backend", "auto"), graph)
+        backend = resolve_backend(self.options.backend, graph)
         be = get_backend(backend)
-        opts = dict(self.options)
-        opts["backend"] = backend
+        opts = self.options.replace(backend=backend)
         optimized, records = run_pipeline(graph, options=opts, target=be.target(), backend=be)
         program = be.build(optimized, opts)
         with _FALLBACK_LOCK:

@@ -53,6 +53,7 @@ from ..ir.serialize import (
     tensor_from_data,
     tensor_to_data,
 )
+from ..options import Options
 from . import pytrees
 
 FORMAT = 1
@@ -71,7 +72,7 @@ class _NoKey(Exception):
 
 
 def enabled(options: dict[str, Any]) -> bool:
-    return bool(options.get("graph_cache", True)) and settings.graph_cache_enabled()
+    return Options.of(options).graph_cache and settings.graph_cache_enabled()
 
 
 def _path(key: str) -> Path:
@@ -176,7 +177,7 @@ def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, An
         return None
     try:
         parts = [f"novaforge-graph-{FORMAT}", _version(), torch.__version__, _transformers_version(),
-                 f"freeze={freeze}", f"capture={options.get('capture', 'fx')}",
+                 f"freeze={freeze}", f"capture={Options.of(options).capture}",
                  f"grad={torch.is_grad_enabled()}", f"autocast={torch.is_autocast_enabled()}"]
         parts += _module_parts(module)
         for t in flat.leaves:

@@ -15,7 +15,7 @@ Invariants (checked by `ir.verify`):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,54 @@ class GraphInput:
         assert (self.kind == "const") == (self.tensor is not None) or self.kind != "const"
 
 
+class GraphMeta(MutableMapping):
+    """What stages hand on about a whole graph, as typed fields: the ATen op count of the
+    captured program (capture), the executor of every node and the number of transitions
+    (place), the memory plan (plan_memory). Writers set attributes (`meta.memory_plan = plan`);
+    the mapping interface (`meta.get("memory_plan")`, `meta["aten_ops"]`, `dict(meta)`) serves
+    readers and serializers and accepts only these names. An unset field is absent."""
+
+    FIELDS = ("aten_ops", "placement", "transitions", "memory_plan")
+    __slots__ = FIELDS
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        for k in self.FIELDS:
+            object.__setattr__(self, k, None)
+        for k, v in dict(values or {}).items():
+            self[k] = v
+
+    aten_ops: int | None
+    placement: dict[Any, str] | None  # Node -> executor ("cpu", "triton", "torch", "view")
+    transitions: int | None
+    memory_plan: Any  # passes.plan_memory.MemoryPlan
+
+    def copy(self) -> GraphMeta:
+        return GraphMeta(self)
+
+    def __getitem__(self, key: str) -> Any:
+        v = getattr(self, key, None) if key in self.FIELDS else None
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.FIELDS:
+            raise KeyError(f"graph meta has no field {key!r} (fields: {', '.join(self.FIELDS)})")
+        object.__setattr__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self[key] = None
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.FIELDS if getattr(self, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"GraphMeta({', '.join(f'{k}=...' for k in self)})"
+
+
 class Graph:
     """An immutable IR graph. Producer/user maps are computed lazily and cached."""
 
@@ -160,13 +208,13 @@ class Graph:
         nodes: Sequence[Node],
         outputs: Sequence[Value],
         mutations: Sequence[tuple[Value, Value]] = (),
-        meta: dict[str, Any] | None = None,
+        meta: GraphMeta | Mapping[str, Any] | None = None,
     ) -> None:
         self.inputs: tuple[GraphInput, ...] = tuple(inputs)
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self.outputs: tuple[Value, ...] = tuple(outputs)
         self.mutations: tuple[tuple[Value, Value], ...] = tuple(mutations)
-        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta: GraphMeta = GraphMeta(meta)
         self._producers: dict[Value, Node] | None = None
         self._users: dict[Value, list[Node]] | None = None
         self._input_of: dict[Value, GraphInput] | None = None

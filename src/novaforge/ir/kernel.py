@@ -18,23 +18,33 @@ Invariant: a Kernel is immutable; its `structural_key` depends only on the body'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from .graph import Graph, Node
 from .structural import graph_key
 
-KERNEL_KINDS = ("pointwise", "reduction", "matmul", "attention", "single")
+
+class KernelKind(StrEnum):
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    MATMUL = "matmul"
+    ATTENTION = "attention"
+    SINGLE = "single"
+
+
+KERNEL_KINDS = tuple(KernelKind)
 
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
     name: str
-    kind: str
+    kind: KernelKind
     body: Graph
     anchor: int | None = None
     structural_key: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        assert self.kind in KERNEL_KINDS, self.kind
+        object.__setattr__(self, "kind", KernelKind(self.kind))  # a str naming a kind is accepted
         if not self.structural_key:
             object.__setattr__(self, "structural_key", graph_key(self.body) + "|" + self.kind)
 

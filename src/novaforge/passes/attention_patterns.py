@@ -70,10 +70,7 @@ class Facts:
             if n is not None and _evaluable(n):
                 args = [self.const_value(i, depth + 1) for i in n.inputs]
                 if all(a is not None for a in args):
-                    with torch.no_grad():
-                        out = OPS[n.op].impl(args, n.attrs)
-                    outs = out if isinstance(out, list | tuple) else (out,)
-                    t = outs[n.outputs.index(v)]
+                    t = OPS[n.op].evaluate(args, n.attrs)[n.outputs.index(v)]
         self._const[v] = t
         return t
 
@@ -96,8 +93,7 @@ class Facts:
 
 def _evaluable(n: Node) -> bool:
     d = OPS[n.op]
-    return (d.impl is not None and not d.has("random") and not d.has("side_effect")
-            and not d.has("extern") and not d.has("fused"))
+    return d.evaluable and not d.has("extern")  # (an ATen call may be costly: masks are built from IR ops)
 
 
 # ------------------------------------------------------------------ deferred expressions
@@ -137,8 +133,7 @@ def eval_expr(facts: Facts, e: Expr) -> torch.Tensor | None:
     args = [eval_expr(facts, i) for i in e.inputs]
     if any(a is None for a in args):
         return None
-    with torch.no_grad():
-        return OPS[e.op].impl(args, dict(e.attrs))
+    return OPS[e.op].evaluate(args, dict(e.attrs))[0]
 
 
 # ------------------------------------------------------------------------------- views
@@ -391,20 +386,8 @@ def _abs_bound(facts: Facts, v: Value, depth: int) -> float | None:
     n = facts.producer(v)
     if n is None or depth >= CONST_EVAL_MAX_DEPTH:
         return None
-    d = OPS[n.op]
-    if d.has("view") or n.op in ("neg", "abs", "cast", "copy"):
-        return abs_bound(facts, n.inputs[0], depth + 1)
-    if n.op in ("add", "sub", "mul", "maximum", "minimum", "where"):
-        ins = n.inputs[1:] if n.op == "where" else n.inputs
-        bounds = [abs_bound(facts, i, depth + 1) for i in ins]
-        if any(b is None for b in bounds):
-            return None
-        if n.op in ("add", "sub"):
-            return bounds[0] + bounds[1]
-        if n.op == "mul":
-            return bounds[0] * bounds[1]
-        return max(bounds)
-    return None
+    rule = OPS[n.op].abs_bound  # the op's record says how |output| follows from |inputs|
+    return None if rule is None else rule(lambda i: abs_bound(facts, n.inputs[i], depth + 1))
 
 
 def is_finite_mask(facts: Facts, m: Value) -> bool:

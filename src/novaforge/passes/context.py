@@ -1,5 +1,7 @@
 """PassContext: what a pass may read besides the graph (options, target) and where it reports.
 
+`options` is the compile's typed `Options` (novaforge/options.py); passes read its fields.
+
 Passes count what they did with `ctx.count(name, n)`; the pipeline stores the counters beside
 each pass's time and node counts. Tests assert on these counters.
 
@@ -19,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..options import Options
+
 
 @dataclass
 class PassContext:
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=Options)
     target: Any = None
     backend: Any = None
     counters: dict[str, int] = field(default_factory=dict)
@@ -33,9 +37,6 @@ class PassContext:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
-
-    def option(self, name: str, default: Any = None) -> Any:
-        return self.options.get(name, default)
 
     def take_fuel(self, what: str | Callable[[], str] = "") -> bool:
         """One rewrite or fusion decision: True when the pass may make it."""

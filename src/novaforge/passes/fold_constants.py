@@ -15,14 +15,15 @@ from __future__ import annotations
 import torch
 
 from ..ir import OPS, Graph, Rewriter, Value
+from ..options import Options
 from .context import PassContext, describe
 
-DEFAULT_MAX_ELEMENTS = 1 << 26
+DEFAULT_MAX_ELEMENTS = Options().fold_max_elements
 
 
 def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx = ctx or PassContext()
-    limit = ctx.option("fold_max_elements", DEFAULT_MAX_ELEMENTS)
+    limit = ctx.options.fold_max_elements
     rw = Rewriter(graph)
     const: dict[Value, torch.Tensor | None] = {}  # value -> tensor (None: symbolic generator)
     original = set()
@@ -40,8 +41,7 @@ def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
             const[node.outputs[0]] = None
             lazy_defs[node.outputs[0]] = node
             continue
-        if (d.impl is None or d.has("random") or d.has("side_effect") or n.op == "kernel"
-                or not all(v in const for v in ins)):
+        if not d.evaluable or not all(v in const for v in ins):
             rw.keep(n)
             continue
         if d.has("view") and (ins[0] in original or const[ins[0]] is None):
@@ -54,9 +54,7 @@ def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
             rw.keep(n)
             continue
         args = [_materialize(v, const, lazy_defs) for v in ins]
-        with torch.no_grad():
-            out = d.impl(args, n.attrs)
-        outs = out if isinstance(out, list | tuple) else (out,)
+        outs = d.evaluate(args, n.attrs)
         for o, t in zip(n.outputs, outs, strict=True):
             t = t.detach().contiguous()
             c = rw.add_const(t, f"folded.{n.op}.{o.id}")
@@ -73,5 +71,4 @@ def _materialize(v: Value, const: dict, lazy_defs: dict) -> torch.Tensor:
         return t
     node = lazy_defs[v]
     args = [_materialize(i, const, lazy_defs) for i in node.inputs]
-    with torch.no_grad():
-        return OPS[node.op].impl(args, node.attrs)
+    return OPS[node.op].evaluate(args, node.attrs)[0]

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
+from ..ir.kernel import KernelKind
 from ..ir.views import Strided, apply_view, permuted_copy
 from .context import PassContext, describe
 
@@ -45,7 +46,7 @@ MAX_CAT_REGIONS = 64  # boxes of the space in which every cat load of a kernel r
 
 @dataclass(eq=False)
 class Group:
-    kind: str  # pointwise | reduction | matmul | attention | single
+    kind: KernelKind
     space: tuple[int, ...]
     index: int
     axes: tuple[int, ...] = ()
@@ -130,7 +131,7 @@ class _Grouper:
                                           f"{' '.join(m.op for m in g.nodes[:8])}] {how}: {describe(n)}")
 
     def new(self, kind: str, space, axes=()) -> Group:
-        g = Group(kind, tuple(space), len(self.groups), tuple(axes))
+        g = Group(KernelKind(kind), tuple(space), len(self.groups), tuple(axes))
         self.groups.append(g)
         return g
 
@@ -224,7 +225,7 @@ class _Grouper:
             if _is_free(n.op):
                 continue
             if d.has("anchor"):
-                self.add(self.new("matmul" if n.op == "matmul" else "attention", n.outputs[0].type.shape), n)
+                self.add(self.new(KernelKind(n.op), n.outputs[0].type.shape), n)  # anchors name their kind
             elif d.reduce is not None:  # a combining reduction (sum, prod, max, min)
                 self.place_reduction(n)
             elif d.has("elementwise") and len(n.outputs) == 1:

@@ -27,6 +27,7 @@ from typing import Any
 from .. import logs, settings
 from ..ir import Graph, verify
 from ..ir.printer import format_graph
+from ..options import Options
 from .context import PassContext
 from .cse import cse
 from .dce import dce
@@ -94,17 +95,17 @@ def default_pipeline() -> list[tuple[str, Pass]]:
 def run_pipeline(
     graph: Graph,
     passes: list[tuple[str, Pass]] | None = None,
-    options: dict[str, Any] | None = None,
+    options: Options | dict[str, Any] | None = None,
     target: Any = None,
     check: bool | None = None,
     backend: Any = None,
     keep_graphs: bool | None = None,
 ) -> tuple[Graph, list[PassRecord]]:
-    opts = options or {}
-    check = (settings.check_enabled() or opts.get("check") not in (None, "", "0", 0, False)) if check is None else check
-    keep = bool(opts.get("keep_graphs", False)) if keep_graphs is None else keep_graphs
-    fuel = dict(opts.get("pass_fuel") or {})
-    tracing = bool(opts.get("pass_trace", False))
+    opts = Options.of(options)
+    check = (settings.check_enabled() or opts.check in ("1", "numerics")) if check is None else check
+    keep = opts.keep_graphs if keep_graphs is None else keep_graphs
+    fuel = dict(opts.pass_fuel)
+    tracing = opts.pass_trace
     session = logs.current()
     dump = session.dump if session is not None else None
     if dump is not None:
@@ -113,7 +114,7 @@ def run_pipeline(
     records: list[PassRecord] = []
     for i, (name, fn) in enumerate(passes if passes is not None else default_pipeline(), start=1):
         logs.stage(f"pass {name}")
-        ctx = PassContext(options=dict(opts), target=target, backend=backend, fuel=fuel.get(i - 1),
+        ctx = PassContext(options=opts, target=target, backend=backend, fuel=fuel.get(i - 1),
                           trace=[] if tracing else None)
         nb, vb = len(graph.nodes), _count_values(graph)
         t0 = time.perf_counter()

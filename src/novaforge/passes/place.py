@@ -3,14 +3,14 @@
 Each kernel goes to the backend's generated code when the backend supports it, else to the
 `torch` executor (the reference implementation of its ops). A transition is an edge whose two
 ends run on different executors or devices (it forces a copy or breaks fusion); the pass
-counts them and records the assignment in `graph.meta["placement"]` ({node: executor}).
+counts them and records the assignment in `graph.meta.placement` ({node: executor}) and `graph.meta.transitions`.
 Placement follows capability, so transitions only appear where an op is unsupported; the
 count is reported so that work on the backend can drive it to zero.
 """
 
 from __future__ import annotations
 
-from ..ir import Graph
+from ..ir import OPS, Graph
 from .context import PassContext
 
 
@@ -19,9 +19,10 @@ def place(graph: Graph, ctx: PassContext | None = None) -> Graph:
     be = ctx.backend
     placement = {}
     for n in graph.nodes:
-        if n.op == "kernel" and be is not None:
+        fused = OPS[n.op].has("fused")
+        if fused and be is not None:
             placement[n] = be.executor_for(n.attrs["kernel"])
-        elif n.op == "kernel":
+        elif fused:
             placement[n] = "torch"
         else:
             placement[n] = "view"
@@ -45,7 +46,6 @@ def place(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for ex, c in counts.items():
         ctx.count(f"on_{ex}", c)
     ctx.count("transitions", transitions)
-    meta = dict(graph.meta)
-    meta["placement"] = placement
-    meta["transitions"] = transitions
+    meta = graph.meta.copy()
+    meta.placement, meta.transitions = placement, transitions
     return Graph(graph.inputs, graph.nodes, graph.outputs, graph.mutations, meta)

@@ -45,7 +45,7 @@ def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value
     pairs: dict[Value, Value] = {}
     used_inputs: set[Value] = set()
     for i, n in enumerate(graph.nodes):
-        if n.op != "kernel" or n.attrs["kernel"].kind != "pointwise":
+        if not OPS[n.op].has("fused") or n.attrs["kernel"].kind != "pointwise":
             continue
         body = n.attrs["kernel"].body
         for bo, o in zip(body.outputs, n.outputs, strict=True):
@@ -89,11 +89,12 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for v, src in root.items():
         if v in last:
             last[src] = max(last.get(src, 0), last[v])
-    buffers = {o for n in graph.nodes if n.op == "kernel" for o in n.outputs if o not in escaping}
-    fresh = {o for n in graph.nodes if n.op == "kernel" for o in n.outputs if o in escaping}
+    kernels = [n for n in graph.nodes if OPS[n.op].has("fused")]
+    buffers = {o for n in kernels for o in n.outputs if o not in escaping}
+    fresh = {o for n in kernels for o in n.outputs if o in escaping}
     intervals = {v: (defined[v], last.get(v, defined[v])) for v in buffers}
     sizes = {v: _align(max(v.type.nbytes, 1)) for v in buffers}
-    inplace = _inplace_candidates(graph, last, buffers, ctx) if ctx.option("inplace", True) else {}
+    inplace = _inplace_candidates(graph, last, buffers, ctx) if ctx.options.inplace else {}
     # an in-place output shares its input's slot: plan the pair as one buffer
     merged_into = dict(inplace)
 
@@ -136,8 +137,8 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx.count("arena_bytes", arena)
     ctx.count("sum_intermediate_bytes", plan.sum_bytes)
     ctx.count("inplace", len(inplace))
-    meta = dict(graph.meta)
-    meta["memory_plan"] = plan
+    meta = graph.meta.copy()
+    meta.memory_plan = plan
     return Graph(graph.inputs, graph.nodes, graph.outputs, graph.mutations, meta)
 
 

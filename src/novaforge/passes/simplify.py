@@ -1,4 +1,4 @@
-"""Algebraic simplification.
+"""Algebraic simplification: a table of local rewrites (`SIMPLIFY`, see rules.py), one rule each.
 
 Local rewrites, each exact in floating point (no reassociation): x+0, x-0, x*1, x/1 -> x;
 x / 2^k -> x * 2^-k; pow(x, 1 | 2 | 3 | 0.5 | -0.5 | -1) -> x, x*x, x*x*x, sqrt, rsqrt,
@@ -24,6 +24,7 @@ import torch
 from ..ir import Graph, Node, Rewriter, Value
 from ..ir.types import is_float, is_int
 from .context import PassContext, describe
+from .rules import Match, RuleTable
 
 # dtype -> dtypes it converts to without loss
 _LOSSLESS = {
@@ -49,64 +50,96 @@ def scalar_value(graph_defs: dict, v: Value):
     return None
 
 
+# ------------------------------------------------------------------------ the rule table
+SIMPLIFY = RuleTable("simplify")
+
+
+def _scalar(m: Match, i: int):
+    return scalar_value(m.defs, m.ins[i])
+
+
+def _is_number(x, value) -> bool:
+    return x == value and not isinstance(x, bool)
+
+
+@SIMPLIFY.rule("add", "sub", when=lambda m: _is_number(_scalar(m, 1), 0))
+def x_plus_zero(m: Match) -> Value | None:  # x + 0, x - 0 -> x
+    return m.same_as(m.ins[0])
+
+
+@SIMPLIFY.rule("add", when=lambda m: _is_number(_scalar(m, 0), 0))
+def zero_plus_x(m: Match) -> Value | None:  # 0 + x -> x
+    return m.same_as(m.ins[1])
+
+
+@SIMPLIFY.rule("mul", "div", when=lambda m: _scalar(m, 1) == 1)
+def x_times_one(m: Match) -> Value | None:  # x * 1, x / 1 -> x
+    return m.same_as(m.ins[0])
+
+
+@SIMPLIFY.rule("mul", when=lambda m: _scalar(m, 0) == 1)
+def one_times_x(m: Match) -> Value | None:  # 1 * x -> x
+    return m.same_as(m.ins[1])
+
+
+@SIMPLIFY.rule("div", when=lambda m: is_float(m.ins[0].type.dtype) and isinstance(_scalar(m, 1), float)
+               and _scalar(m, 1) != 0 and math.frexp(abs(_scalar(m, 1)))[0] == 0.5)
+def divide_by_power_of_two(m: Match) -> Value | None:  # x / 2^k -> x * 2^-k (exact)
+    k = m.ins[1]
+    s = m.emit("scalar", [], value=1.0 / _scalar(m, 1), dtype=k.type.dtype, device=k.type.device)
+    return m.emit("mul", [m.ins[0], s])
+
+
+@SIMPLIFY.rule("pow", when=lambda m: _scalar(m, 1) is not None and is_float(m.ins[0].type.dtype))
+def small_powers(m: Match) -> Value | None:  # pow(x, 1 | 2 | 3 | 0.5 | -0.5 | -1)
+    return _pow(m.rw, m.node, m.ins[0], float(_scalar(m, 1)), m.same_as)
+
+
+@SIMPLIFY.rule("neg", "logical_not", when=lambda m: m.src() is not None and m.src().op == m.op)
+def involution(m: Match) -> Value | None:  # neg(neg x), not(not x) -> x
+    return m.same_as(m.src().inputs[0])
+
+
+@SIMPLIFY.rule("where", when=lambda m: m.ins[1] is m.ins[2])
+def where_same(m: Match) -> Value | None:  # where(c, x, x) -> x
+    return m.same_as(m.ins[1])
+
+
+@SIMPLIFY.rule("cat")
+def cat_of_scaled_pieces(m: Match) -> Value | None:  # see the module docstring
+    return _factor_cat_scales(m.rw, m.graph, m.node, m.ins, m.defs)
+
+
+@SIMPLIFY.rule("cast", when=lambda m: m.ins[0].type.dtype == m.attrs["dtype"])
+def cast_to_own_dtype(m: Match) -> Value | None:
+    return m.ins[0]
+
+
+@SIMPLIFY.rule("cast", when=lambda m: m.src() is not None and m.src().op == "cast")
+def cast_of_lossless_cast(m: Match) -> Value | None:  # cast(cast(x, wide), narrow) -> cast(x, narrow)
+    src = m.src()
+    orig = src.inputs[0]
+    if src.attrs["dtype"] not in _LOSSLESS.get(orig.type.dtype, ()):
+        return None
+    return orig if orig.type.dtype == m.attrs["dtype"] else m.emit("cast", [orig], dtype=m.attrs["dtype"])
+
+
 def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx = ctx or PassContext()
     rw = Rewriter(graph)
-    defs: dict[Value, object] = {}
+    defs: dict[Value, Node] = {}
     changed = 0
     factored = 0
-
-    def same_as(n, v: Value) -> Value | None:
-        out = n.outputs[0]
-        if v.type == out.type:
-            return v
-        if v.type.dtype == out.type.dtype and v.type.device == out.type.device:
-            try:
-                return rw.emit("expand", [v], shape=out.type.shape).outputs[0]
-            except ValueError:
-                return None
-        return None
-
     for n in graph.nodes:
         first_new = len(rw.nodes)
-        ins = [rw.get(v) for v in n.inputs]
-        repl: Value | None = None
-        sv = [scalar_value(defs, v) for v in ins]
-        op = n.op
-        if op in ("add", "sub") and sv[1] == 0 and not isinstance(sv[1], bool):
-            repl = same_as(n, ins[0])
-        elif op == "add" and sv[0] == 0 and not isinstance(sv[0], bool):
-            repl = same_as(n, ins[1])
-        elif op in ("mul", "div") and sv[1] == 1:
-            repl = same_as(n, ins[0])
-        elif op == "mul" and sv[0] == 1:
-            repl = same_as(n, ins[1])
-        elif op == "div" and is_float(ins[0].type.dtype) and isinstance(sv[1], float) and sv[1] != 0 \
-                and math.frexp(abs(sv[1]))[0] == 0.5:
-            s = rw.emit("scalar", [], value=1.0 / sv[1], dtype=ins[1].type.dtype, device=ins[1].type.device)
-            repl = rw.emit("mul", [ins[0], s.out]).out
-        elif op == "pow" and sv[1] is not None and is_float(ins[0].type.dtype):
-            repl = _pow(rw, n, ins[0], float(sv[1]), same_as)
-        elif op in ("neg", "logical_not") and defs.get(ins[0]) is not None and defs[ins[0]].op == op:
-            repl = same_as(n, defs[ins[0]].inputs[0])
-        elif op == "where" and ins[1] is ins[2]:
-            repl = same_as(n, ins[1])
-        elif op == "cat":
-            repl = _factor_cat_scales(rw, graph, n, ins, defs)
-            factored += repl is not None
-        elif op == "cast":
-            src = defs.get(ins[0])
-            if ins[0].type.dtype == n.attrs["dtype"]:
-                repl = ins[0]
-            elif src is not None and src.op == "cast":
-                orig = src.inputs[0]
-                if src.attrs["dtype"] in _LOSSLESS.get(orig.type.dtype, ()):
-                    repl = orig if orig.type.dtype == n.attrs["dtype"] else rw.emit(
-                        "cast", [orig], dtype=n.attrs["dtype"]).out
+        m = Match(n, [rw.get(v) for v in n.inputs], defs, rw, graph)
+        rule, repl = SIMPLIFY.apply(m)
+        is_cat = rule is not None and rule.rewrite is cat_of_scaled_pieces
+        factored += is_cat and repl is not None
         if repl is not None and repl.type == n.outputs[0].type \
                 and not ctx.take_fuel(lambda n=n: f"simplify: rewrote {describe(n)}"):
             del rw.nodes[first_new:]  # without fuel: the node stays as it was
-            factored -= op == "cat"
+            factored -= is_cat
             repl = None
         if repl is not None and repl.type == n.outputs[0].type:
             rw.replace(n.outputs[0], repl)

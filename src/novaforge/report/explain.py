@@ -122,7 +122,7 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
         for (target, reason), c in counts.items():
             lines.append(f"{c:>4} x {target}: {reason}")
     lines.append("")
-    plan = stats.graph.meta.get("memory_plan")
+    plan = stats.graph.meta.memory_plan
     lines.append("-- memory plan --")
     lines.append(plan.summary() if plan is not None else "none")
     lines.append("")

@@ -45,7 +45,7 @@ def touched_bytes(node: Node) -> int:
 
 
 def kernel_rows(graph: Graph) -> list[dict[str, Any]]:
-    placement = graph.meta.get("placement", {})
+    placement = graph.meta.placement or {}
     rows = []
     for n in graph.nodes:
         if n.op != "kernel":
@@ -81,7 +81,7 @@ def metrics(stats) -> dict[str, Any]:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
     program = stats.program
     launches = getattr(program, "launches", None) or len(rows)
-    plan = g.meta.get("memory_plan")
+    plan = g.meta.memory_plan
     aten = stats.captured.aten_ops
     return {
         "aten_ops": aten,
@@ -95,7 +95,7 @@ def metrics(stats) -> dict[str, Any]:
         "fusion_gain_ratio": aten / max(launches, 1),
         "arena_bytes": plan.arena_bytes if plan else None,
         "sum_intermediate_bytes": plan.sum_bytes if plan else None,
-        "transitions": g.meta.get("transitions"),
+        "transitions": g.meta.transitions,
         "pass_ms": [(r.name, round(r.ms, 2)) for r in stats.records],
         "compile_s": dict(stats.times),
         "backend": stats.backend,

@@ -59,7 +59,7 @@ class Timeline:
 
 
 def memory_timeline(graph: Graph) -> Timeline | None:
-    plan = graph.meta.get("memory_plan")
+    plan = graph.meta.memory_plan
     if plan is None:
         return None
     kernel_nodes = [(i, n) for i, n in enumerate(graph.nodes) if n.op == "kernel"]

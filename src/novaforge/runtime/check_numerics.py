@@ -38,17 +38,16 @@ import torch
 
 from .. import settings
 from ..ir import OPS, Graph, GraphInput, Node, Value
+from ..options import Options
 from .interpret import interpret
 
 _EPS = {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float64: 2.0 ** -52}
 
 
-def enabled(options: dict[str, Any] | None) -> bool:
+def enabled(options: Options | dict[str, Any] | None) -> bool:
     """Is the numerics check on for a build with these options?"""
-    opt = (options or {}).get("check")
-    if opt is not None and opt not in ("", "0", "1", "numerics", 0, 1, False, True):
-        raise ValueError(f"check={opt!r}; expected '1' or 'numerics'")
-    return opt == "numerics" or (opt in (None, "") and settings.check_mode() == "numerics")
+    opt = Options.of(options).check
+    return opt == "numerics" or (opt is None and settings.check_mode() == "numerics")
 
 
 @dataclass
@@ -266,7 +265,7 @@ class CheckedProgram:
         self.program = program
         self.graph = graph
         self.backend = backend
-        self.options = {k: v for k, v in options.items() if k != "check"}
+        self.options = Options.of(options).replace(check=None)
         self.kernels = [n for n in graph.nodes if n.op == "kernel"]
         self._single: dict[int, Any] = {}
         self.checked = 0

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
 from ..ir.types import TensorType
 from ..ir.views import Strided
+from .inplace_step import make_runner as make_inplace_runner
 from .interpret import interpret
 
 
@@ -42,17 +44,42 @@ class KernelIndexError(IndexError):
     pass
 
 
+class SlotKind(StrEnum):
+    CONST = "const"
+    INPUT = "input"
+    ARENA = "arena"
+    FRESH = "fresh"
+    SCRATCH = "scratch"
+
+
+class StepKind(StrEnum):
+    SEG = "seg"  # one C entry point running a run of generated kernels
+    MATMUL = "matmul"  # a library matmul
+    SDPA = "sdpa"  # the library's attention
+    TORCH = "torch"  # a kernel body through torch
+
+
+class OutputKind(StrEnum):
+    SLOT = "slot"
+    INPUT = "input"
+    VIEW = "view"
+    CONST = "const"
+
+
 @dataclass
 class SlotSpec:
-    kind: str  # const | input | arena | fresh | scratch
+    kind: SlotKind
     type: TensorType
     index: int = 0  # input position | arena/scratch byte offset | fresh output position
     tensor: torch.Tensor | None = None  # const
 
+    def __post_init__(self) -> None:
+        self.kind = SlotKind(self.kind)
+
 
 @dataclass
 class StepSpec:
-    kind: str  # seg | matmul | sdpa | torch
+    kind: StepKind
     seg: str = ""  # entry point name (seg)
     operands: list[tuple[int, Strided]] = field(default_factory=list)  # (slot, view) library operands
     out: int = -1  # result slot (matmul, sdpa)
@@ -62,6 +89,9 @@ class StepSpec:
     outs: list[int] = field(default_factory=list)  # torch: output slots
     label: str = ""
     kernel: int = -1  # the kernel's ordinal among the graph's kernel nodes (profiling)
+
+    def __post_init__(self) -> None:
+        self.kind = StepKind(self.kind)
 
 
 @dataclass
@@ -83,11 +113,14 @@ class ProgramTimings:
 
 @dataclass
 class OutputSpec:
-    kind: str  # slot | input | view | const
+    kind: OutputKind
     slot: int = -1
     input: int = -1
     views: tuple[Node, ...] = ()
     tensor: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = OutputKind(self.kind)
 
 
 def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
@@ -204,6 +237,9 @@ class CpuProgram:
         body, ins, outs = st.body, st.ins, st.outs
         if st.attrs.get("inplace_target"):  # the extern's in-place form on the input's own buffer
             target = st.attrs["inplace_target"]
+            fast = make_inplace_runner(body, ins, env, target)
+            if fast is not None:
+                return fast
             nodes = [(m, OPS[m.op].impl if not m.op.startswith("extern") else None) for m in body.nodes]
             inputs = [(bi.value, s) for bi, s in zip(body.inputs, ins, strict=True)]
 

@@ -20,7 +20,6 @@ does not generate runs through torch (and is reported as such by `executor_for`)
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import time
 import weakref
 from pathlib import Path
@@ -32,37 +31,26 @@ from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import OPS, Graph, Kernel, Value
 from ...ir.types import TensorType
+from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
 from ...schedule.target import CpuTarget, detect_cpu_target
+from ..registry import sources_digest
 from .analysis import Unsupported
-from .build import HEADER_DIR, compile_flags, compile_library, compiler, compiler_version
+from .build import compile_flags, compile_library, compiler, compiler_version
 from .kernels import KernelPlan, plan_kernel
 from .loops import GenKernel
 
-_SOURCES = ("analysis.py", "attention.py", "backend.py", "build.py", "cexpr.py", "columns.py", "kernels.py", "loops.py",
-            "matmul.py", "pieces.py", "singles.py", "nf_cpu.h")
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
 EXPORT = 'extern "C" __attribute__((visibility("default")))'
-_hash_cache: list[str] = []
 _log_codegen = logs.get_logger("codegen")
 _log_schedule = logs.get_logger("schedule")
 
 
 def backend_hash() -> str:
-    if not _hash_cache:
-        h = hashlib.sha256()
-        for name in _SOURCES:
-            p = HEADER_DIR / name
-            if p.exists():
-                h.update(name.encode())
-                h.update(p.read_bytes())
-        for extra in ("../../schedule/cpu.py",):
-            p = (HEADER_DIR / extra).resolve()
-            if p.exists():
-                h.update(p.read_bytes())
-        _hash_cache.append("cpu-" + h.hexdigest()[:20])
-    return _hash_cache[0]
+    """A digest of every source the generated code depends on: this backend's folder (nf_gemm
+    included), the IR, the shared body analysis and the CPU configurator."""
+    return "cpu-" + sources_digest("codegen/cpu", "codegen/body.py", "ir", "schedule/cpu.py", "schedule/target.py")[:20]
 
 
 class CpuBackend:
@@ -100,10 +88,11 @@ class CpuBackend:
         return backend_hash()
 
     # -------------------------------------------------------------------------- build
-    def build(self, graph: Graph, options: dict[str, Any]) -> CpuProgram:
+    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None) -> CpuProgram:
         """The program for `graph`. A kernel whose source turns out not to be renderable (an op
         form the analysis accepted but the C++ renderer cannot express) runs through torch:
         the build is redone without it, so such a kernel never fails the compile."""
+        options = Options.of(options)
         for _ in range(8):
             try:
                 return self._build(graph, options)
@@ -112,7 +101,7 @@ class CpuBackend:
                 self._unrenderable[e.fn] = f"not generated: {e.reason}"
         return self._build(graph, options)
 
-    def _build(self, graph: Graph, options: dict[str, Any]) -> CpuProgram:
+    def _build(self, graph: Graph, options: Options) -> CpuProgram:
         t0 = time.perf_counter()
         target = self.target()
         layout = _Layout(graph)
@@ -121,8 +110,8 @@ class CpuBackend:
         gens: dict[str, GenKernel] = {}
         current: list[tuple[str, list[int]]] = []
         counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
-        use_packing = bool(options.get("pack_weights", False))
-        profile = bool(options.get("profile", False))
+        use_packing = options.pack_weights
+        profile = options.profile
         launch_labels: list[str] = []
         launch_kernels: list[int] = []  # per generated launch: the kernel's ordinal (profiling)
         fallbacks: list[str] = []
@@ -346,7 +335,7 @@ class _Layout:
     """Slots of a graph's buffers: constants, inputs, arena offsets, fresh outputs, scratch."""
 
     def __init__(self, graph: Graph) -> None:
-        plan = graph.meta.get("memory_plan")
+        plan = graph.meta.memory_plan
         if plan is None:
             raise ValueError("the CPU backend needs a memory-planned graph (run the full pipeline)")
         self.graph = graph

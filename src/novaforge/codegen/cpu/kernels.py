@@ -22,6 +22,7 @@ so that a warm cache hit never renders source.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from ...ir import OPS, Graph, GraphInput, Kernel, Node, make_node
 from ...ir.ops import node_flops
@@ -47,9 +48,17 @@ from .pieces import has_pieces, plan_pieces
 from .singles import plan_cat, plan_gather, plan_take
 
 
+class PlanKind(StrEnum):
+    GEN = "gen"  # a generated function
+    GEMM = "gemm"  # a generated function calling nf_gemm with the epilogue fused
+    MATMUL = "matmul"  # a library matmul, then the generated epilogue
+    ATTENTION = "attention"  # generated flash attention or the library's, then the epilogue
+    TORCH = "torch"  # the body through torch (`reason` says why)
+
+
 @dataclass
 class KernelPlan:
-    kind: str  # gen | gemm | matmul | attention | torch
+    kind: PlanKind
     gen: GenKernel | None = None  # the kernel (gen) or its epilogue (matmul, attention)
     operands: list[Operand] = field(default_factory=list)
     anchor_type: TensorType | None = None
@@ -59,6 +68,9 @@ class KernelPlan:
     reason: str = ""
     gemm: GemmPlan | None = None
     anchor_gen: GenKernel | None = None  # a generated anchor (flash attention) writing the anchor buffer
+
+    def __post_init__(self) -> None:
+        self.kind = PlanKind(self.kind)
 
     @property
     def executor(self) -> str:

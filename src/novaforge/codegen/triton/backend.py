@@ -46,7 +46,9 @@ from typing import Any
 import torch
 
 from ...ir import OPS, Graph, Kernel
+from ...options import Options
 from ...schedule import gpu as sched_gpu
+from ..registry import sources_digest
 from . import loader
 from .analysis import BodyInfo, Unsupported, analyze
 from .program import Step, TritonProgram
@@ -84,7 +86,10 @@ class TritonBackend:
         return self._target
 
     def hash(self) -> str:
-        return f"{VERSION}|triton-{_triton_version()}"
+        """The Triton version and a digest of every source the generated code depends on (this
+        backend's folder, the IR, the shared body analysis, the GPU configurator)."""
+        digest = sources_digest("codegen/triton", "codegen/body.py", "ir", "schedule/gpu.py")[:20]
+        return f"{VERSION}|triton-{_triton_version()}|{digest}"
 
     def executor_for(self, kernel: Kernel) -> str:
         return "triton" if self.info(kernel) is not None else "torch"
@@ -106,8 +111,8 @@ class TritonBackend:
         return self.reasons.get(kernel.structural_key, "")
 
     # -- schedules ----------------------------------------------------------------------------
-    def schedule(self, info: BodyInfo, target: sched_gpu.GpuTarget, options: dict[str, Any]) -> Any:
-        tf32 = bool(options.get("tf32", True))
+    def schedule(self, info: BodyInfo, target: sched_gpu.GpuTarget, options: Options) -> Any:
+        tf32 = options.tf32
         if info.kind == "gather":
             widest = max([t.itemsize for t in info.outputs] or [4])
             return sched_gpu.pointwise_schedule(math.prod(info.space), 2 * widest, widest, target)
@@ -122,30 +127,30 @@ class TritonBackend:
                                   any(info.space_strides(leaf)[d] for d in info.red_axes)))
             widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
             s = sched_gpu.reduction_schedule(rows, cols, live, widest, target)
-            cap = options.get("max_reduction_block")
+            cap = options.max_reduction_block
             if cap and s.block_cols > cap:  # a test knob: force looped rows with small chunks
                 s = dataclasses.replace(s, block_rows=1, block_cols=sched_gpu.pow2_floor(cap), looped=True,
                                         programs=rows)
             return s
         if info.kind == "matmul":
             lay = MatmulLayout(info)
-            choice = options.get("matmul_loader", "pointer")
+            choice = options.matmul_loader
             tma_ok = lay.tma_operands() is not None and (choice == "tma" or (choice == "auto" and target.hopper
                                                                                  and not target.interpret))
             extra = sum(t.nbytes for t in info.inputs) - _operand_bytes(info, lay)  # epilogue reads
             form = {"auto": None, "on": True, "off": False, True: True, False: False, None: None}[
-                options.get("matmul_persistent", "auto")]
+                options.matmul_persistent]
             s = sched_gpu.matmul_schedule(lay.batch, lay.rows, lay.n, lay.k, lay.dtype, target, tf32=tf32,
                                           tma_ok=tma_ok, extra_bytes=max(0, extra), persistent=form)
             if choice == "tma" and tma_ok and s.loader != "tma":
                 s = dataclasses.replace(s, loader="tma")
-            if options.get("matmul_tile"):  # a test knob: force (BLOCK_M, BLOCK_N)
-                bm, bn = options["matmul_tile"]
+            if options.matmul_tile:  # a test knob: force (BLOCK_M, BLOCK_N)
+                bm, bn = options.matmul_tile
                 s = dataclasses.replace(s, block_m=bm, block_n=bn, group_m=1, num_warps=4, num_stages=2)
-            if options.get("matmul_programs"):  # a test knob: a persistent grid of this many programs
+            if options.matmul_programs:  # a test knob: a persistent grid of this many programs
                 tiles = lay.batch * sched_gpu.cdiv(lay.rows, s.block_m) * sched_gpu.cdiv(lay.n, s.block_n)
-                sub = int(options.get("matmul_subtile", s.subtile))
-                s = dataclasses.replace(s, programs=max(1, min(int(options["matmul_programs"]), tiles)),
+                sub = options.matmul_subtile if options.matmul_subtile is not None else s.subtile
+                s = dataclasses.replace(s, programs=max(1, min(options.matmul_programs, tiles)),
                                         subtile=sub if s.block_n // sub >= 16 else 1)
             return s
         a = info.anchor
@@ -172,7 +177,7 @@ class TritonBackend:
     def compile(self, source: KernelSource, interpret: bool) -> Any:
         return loader.load_kernel(source.source, interpret)
 
-    def kernel_for(self, kernel: Kernel, target: sched_gpu.GpuTarget, options: dict[str, Any],
+    def kernel_for(self, kernel: Kernel, target: sched_gpu.GpuTarget, options: Options,
                    interpret: bool, transposed: frozenset[int] = frozenset()) -> tuple[KernelSource, Any]:
         info = self.info(kernel, transposed)
         assert info is not None
@@ -217,21 +222,22 @@ class TritonBackend:
         return t if alt is not None and MatmulLayout(alt).b_sk == 1 else frozenset()
 
     # -- build --------------------------------------------------------------------------------
-    def build(self, graph: Graph, options: dict[str, Any]) -> TritonProgram:
+    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None) -> TritonProgram:
+        options = Options.of(options)
         device = _graph_device(graph)
         interpret = device == "cpu"
         target = self.target()
         if interpret and not target.interpret:
             target = sched_gpu.interpreter_target()
-        prog = TritonProgram(graph, device, cuda_graphs=bool(options.get("cuda_graphs", True)),
+        prog = TritonProgram(graph, device, cuda_graphs=options.cuda_graphs,
                              interpret_mode=interpret)
         prog.bind_inputs()
-        prog.allocate(graph.meta.get("memory_plan"))
+        prog.allocate(graph.meta.memory_plan)
         dump = loader.dump_dir(options)
         uses_tma = False
         warm: dict[int, tuple[Any, KernelSource, list[torch.dtype]]] = {}
         consts = {gi.value for gi in graph.inputs if gi.kind == "const"}
-        tf32 = bool(options.get("tf32", True))
+        tf32 = options.tf32
         for n in graph.nodes:
             if n.op != "kernel":
                 if not OPS[n.op].has("view"):
@@ -243,7 +249,7 @@ class TritonBackend:
             k: Kernel = n.attrs["kernel"]
             args = [prog.slot(v) for v in n.inputs]
             outs = [prog.slot(v) for v in n.outputs]
-            library = k.kind == "matmul" and options.get("matmul_executor", "triton") == "torch"
+            library = k.kind == "matmul" and options.matmul_executor == "torch"
             pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
             if self.info(k) is not None and not library and all(v.type.numel > 0 for v in n.outputs):
                 transposed = self._k_major_weight(k, n.inputs, consts, tf32)
@@ -307,7 +313,7 @@ def _launcher(fn: Any, src: KernelSource, interpret: bool):
 
 
 def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
-                options: dict[str, Any]) -> tuple[dict[int, str], dict[int, dict[str, Any]], dict[str, Any]]:
+                options: Options | dict[str, Any]) -> tuple[dict[int, str], dict[int, dict[str, Any]], dict[str, Any]]:
     """Compile every new kernel of the program now, in parallel threads (Triton's compiler
     releases the GIL in its passes and runs ptxas as a subprocess), then load each binary
     (`CompiledKernel._init_handles`, what the first launch would do: it raises OutOfResources when
@@ -318,8 +324,9 @@ def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
     failed: dict[int, str] = {}
     resources: dict[int, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    workers = int(options.get("compile_threads", min(16, os.cpu_count() or 4)))
-    if not options.get("parallel_compile", True):
+    options = Options.of(options)
+    workers = options.compile_threads or min(16, os.cpu_count() or 4)
+    if not options.parallel_compile:
         workers = 1
     note: dict[str, Any] = {"ran": False, "kernels": len(kernels), "threads": workers}
     try:

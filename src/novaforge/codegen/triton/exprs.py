@@ -386,12 +386,13 @@ def _atan2(y, x, yneg, xneg):
     hi = tl.maximum(ax, ay)
     lo = tl.minimum(ax, ay)
     t = tl.where(hi == 0, 0.0, lo / tl.where(hi == 0, 1.0, hi))
-    t = tl.where((ax == _INF) & (ay == _INF), 1.0, t)
+    t = tl.where(ax == _INF, tl.where(ay == _INF, 1.0, t), t)  # (no &: the interpreter fails on 0-d & 1-d)
     r = _atan01(t)
     r = tl.where(ay > ax, 1.5707963267948966 - r, r)
     r = tl.where(xneg, 3.141592653589793 - r, r)
     r = tl.where(yneg, r * -1.0, r)  # (not -r: Triton negates as 0 - r, which loses -0.0)
-    return tl.where((x != x) | (y != y), x + y, r)
+    r = tl.where(x != x, x + y, r)
+    return tl.where(y != y, x + y, r)
 """,
     "_asin": """
 @triton.jit

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import settings
+from ...options import Options
 
 _loaded: dict[str, Any] = {}
 
@@ -36,10 +37,10 @@ def source_dir() -> Path:
     return d
 
 
-def dump_dir(options: dict[str, Any] | None = None) -> Path | None:
-    """Where generated sources are copied for inspection: options['dump_dir'], or
+def dump_dir(options: Options | dict[str, Any] | None = None) -> Path | None:
+    """Where generated sources are copied for inspection: the dump_dir option, or
     $NOVAFORGE_DEBUG (a directory; '1' means ./novaforge_debug); None when neither is set."""
-    d = (options or {}).get("dump_dir") or settings.debug_dir()
+    d = Options.of(options).dump_dir or settings.debug_dir()
     if not d or d == "0":
         return None
     path = Path("novaforge_debug" if d == "1" else d) / "triton"

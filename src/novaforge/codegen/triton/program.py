@@ -2,7 +2,7 @@
 
 Invariant: `TritonProgram.run(inputs)` computes what `runtime.interpret.interpret(graph,
 inputs)` computes (outputs, then mutated inputs' new values). Every intermediate value lives at
-its planned offset of one arena allocated once per program (`graph.meta["memory_plan"]`);
+its planned offset of one arena allocated once per program (`graph.meta.memory_plan`);
 escaping values (graph outputs, mutation write-backs) are fresh tensors of each call, never
 views of the arena, so the next call cannot overwrite what a caller holds. Steps are prepared at
 build time (argument slots, grids, launch options), so a call does little Python work per
@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -28,9 +29,15 @@ from ...ir import OPS, Graph, Value
 from ...runtime.interpret import interpret
 
 
+class StepKind(StrEnum):
+    TRITON = "triton"  # a generated kernel launch
+    TORCH = "torch"  # a kernel body through torch
+    VIEW = "view"  # a top-level view of a buffer
+
+
 @dataclass
 class Step:
-    kind: str  # triton | torch | view
+    kind: StepKind
     title: str
     args: list[int]  # slots read
     outs: list[int]  # slots written
@@ -42,6 +49,9 @@ class Step:
     source: Any = None  # triton: the KernelSource
     reason: str = ""  # torch: why this kernel is not generated (or why its generated code was dropped)
     resources: dict[str, Any] = field(default_factory=dict)  # triton on a GPU: shared, n_regs, n_spills
+
+    def __post_init__(self) -> None:
+        self.kind = StepKind(self.kind)
 
 
 class TritonProgram:

@@ -5,7 +5,9 @@ An `OpDef` is everything about one IR primitive, in one place (its family file u
 semantics through torch (`impl`, used by the interpreter and by constant folding), flags, cost
 (FLOPs per element, `transcendental`), for combining reductions their identity and combine
 op, the ATen rules that lower directly to it (`aten`: overload -> rule, beside the op like
-JAX's lowerings), and its vector-Jacobian product (`vjp`, beside the op too). Passes read
+JAX's lowerings), its vector-Jacobian product (`vjp`, beside the op too), and the facts
+passes ask about a node: `returns_input` (this node is its input: an identity view) and
+`abs_bound` (a bound on |output| from bounds on |inputs|, for mask analysis). Passes read
 flags and records, never lists of op names:
 
 * ``elementwise``  one output element depends on the same-index element of each (broadcast)
@@ -50,6 +52,8 @@ Flops = Callable[[Sequence[TensorType], Sequence[TensorType], Any], float]
 # vjp(node, cotangents of its outputs, builder) -> cotangents of its inputs (None: no gradient)
 Vjp = Callable[..., Sequence[Any]]
 Rule = Callable[..., Any]  # an ATen lowering rule: rule(ctx: LowerCtx, *args, **kwargs) -> IR value(s)
+# abs_bound(bound_of) -> a bound on |output|, or None; bound_of(i) bounds |input i| (None: unbounded)
+Bound = Callable[[Callable[[int], "float | None"]], "float | None"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class OpDef:
     flops: Flops | None = None  # when the cost is not `flops_per_elem` per output element
     aten: dict[Any, Rule] = field(default_factory=dict)  # ATen overload -> lowering rule
     vjp: Vjp | None = None
+    returns_input: Callable[[Any], bool] | None = None  # node -> does it return its first input unchanged?
+    abs_bound: Bound | None = None  # |output| bound from its inputs' bounds
 
     def check_attrs(self, given: dict[str, Any]):  # -> Attrs
         from ..graph import Attrs
@@ -122,6 +128,20 @@ class OpDef:
 
         return deco
 
+    @property
+    def evaluable(self) -> bool:
+        """Can a node of this op be computed at compile time from constant inputs (constant
+        folding, mask analysis)? It has a reference implementation, draws no random numbers,
+        has no side effect and is no fused kernel."""
+        return self.impl is not None and not (self.has("random") or self.has("side_effect") or self.has("fused"))
+
+    def evaluate(self, args: Sequence[torch.Tensor], attrs: Any) -> tuple[torch.Tensor, ...]:
+        """The op on constant tensors (no autograd), as a tuple of outputs: the one way passes
+        evaluate constants."""
+        with torch.no_grad():
+            out = self.impl(args, attrs)
+        return tuple(out) if isinstance(out, list | tuple) else (out,)
+
     def defvjp(self, fn: Vjp) -> Vjp:
         self.vjp = fn
         return fn
@@ -133,13 +153,14 @@ ATEN_OWNER: dict[Any, str] = {}  # ATen overload -> the IR op whose record holds
 
 def define(name: str, arity, infer: Infer, impl: Impl | None, attrs=None, flags=(), flops=1.0, doc="",
            family: str = "", transcendental: bool = False, reduce: Reduction | None = None,
-           cost: Flops | None = None) -> OpDef:
+           cost: Flops | None = None, returns_input: Callable[[Any], bool] | None = None,
+           abs_bound: Bound | None = None) -> OpDef:
     if name in OPS:
         raise ValueError(f"op {name!r} is defined twice")
     if isinstance(arity, int):
         arity = (arity, arity)
     d = OpDef(name, arity, infer, impl, dict(attrs or {}), frozenset(flags), flops, doc, family, transcendental,
-              reduce, cost)
+              reduce, cost, returns_input=returns_input, abs_bound=abs_bound)
     OPS[name] = d
     return d
 
@@ -174,6 +195,25 @@ def elementwise_infer(name: str, out_dtype: torch.dtype | None = None, float_onl
         return [TensorType(shape, out_dtype or dt, device_of(name, ts))]
 
     return infer
+
+
+def _largest(*vs: float) -> float:
+    return max(vs)
+
+
+def bound_of(*inputs: int, combine: Callable[..., float] = _largest) -> Bound:
+    """A bound rule: `combine` of the bounds of `inputs` (None if any is unbounded)."""
+
+    def bound(b: Callable[[int], float | None]) -> float | None:
+        vs = []
+        for i in inputs:
+            v = b(i)
+            if v is None:
+                return None
+            vs.append(v)
+        return combine(*vs)
+
+    return bound
 
 
 def extreme(dtype: torch.dtype, high: bool) -> bool | int | float:

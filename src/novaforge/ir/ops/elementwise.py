@@ -16,13 +16,14 @@ Invariant: every op here has the `elementwise` flag and one output; binary ops b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..types import TensorType, broadcast_shapes, is_float, opmath_dtype
-from .core import OPS, REQUIRED, define, device_of, elementwise_infer, same_dtype
+from .core import OPS, REQUIRED, bound_of, define, device_of, elementwise_infer, same_dtype
 
 aten = torch.ops.aten
 FAMILY = "elementwise"
@@ -118,21 +119,66 @@ def _gelu(x, a):
     return torch.nn.functional.gelu(x, approximate=a["approximate"])
 
 
-# name: (torch function, FLOPs per element, transcendental); the ATen op is aten.<name>.default
-UNARY_FLOAT: dict[str, tuple[Callable, float, bool]] = {
-    "exp": (torch.exp, 4, True), "exp2": (torch.exp2, 4, True), "log": (torch.log, 4, True),
-    "log1p": (torch.log1p, 4, True), "log2": (torch.log2, 4, True), "expm1": (torch.expm1, 4, True),
-    "sqrt": (torch.sqrt, 2, False), "rsqrt": (torch.rsqrt, 2, False), "sin": (torch.sin, 8, True),
-    "cos": (torch.cos, 8, True), "tan": (torch.tan, 8, True), "tanh": (torch.tanh, 6, True),
-    "asin": (torch.asin, 8, True), "acos": (torch.acos, 8, True), "atan": (torch.atan, 8, True),
-    "sinh": (torch.sinh, 8, True), "cosh": (torch.cosh, 8, True), "sigmoid": (torch.sigmoid, 5, True),
-    "erf": (torch.erf, 8, True), "reciprocal": (torch.reciprocal, 1, False), "floor": (torch.floor, 1, False),
-    "ceil": (torch.ceil, 1, False), "round": (torch.round, 1, False), "trunc": (torch.trunc, 1, False),
-    "silu": (torch.nn.functional.silu, 6, True),
+class Unary(NamedTuple):
+    fn: Callable  # the torch function (reference implementation)
+    flops: float  # FLOPs per element
+    transcendental: bool
+    deriv: Callable | None  # deriv(b, x, y) -> dy/dx as IR (x, y in float32 for 16-bit floats); None: 0
+
+
+LN2 = math.log(2.0)
+# one line per op: the record (torch function, cost) and its derivative; the ATen op is aten.<name>.default
+UNARY_FLOAT: dict[str, Unary] = {
+    "exp": Unary(torch.exp, 4, True, lambda b, x, y: y),
+    "exp2": Unary(torch.exp2, 4, True, lambda b, x, y: b.mul(y, LN2)),
+    "log": Unary(torch.log, 4, True, lambda b, x, y: b.div(1.0, x)),
+    "log1p": Unary(torch.log1p, 4, True, lambda b, x, y: b.div(1.0, b.add(x, 1.0))),
+    "log2": Unary(torch.log2, 4, True, lambda b, x, y: b.div(1.0, b.mul(x, LN2))),
+    "expm1": Unary(torch.expm1, 4, True, lambda b, x, y: b.add(y, 1.0)),
+    "sqrt": Unary(torch.sqrt, 2, False, lambda b, x, y: b.div(0.5, y)),
+    "rsqrt": Unary(torch.rsqrt, 2, False, lambda b, x, y: b.mul(b.mul(b.mul(y, y), y), -0.5)),
+    "sin": Unary(torch.sin, 8, True, lambda b, x, y: b.emit("cos", [x])),
+    "cos": Unary(torch.cos, 8, True, lambda b, x, y: b.neg(b.emit("sin", [x]))),
+    "tan": Unary(torch.tan, 8, True, lambda b, x, y: b.add(b.mul(y, y), 1.0)),
+    "tanh": Unary(torch.tanh, 6, True, lambda b, x, y: b.sub(1.0, b.mul(y, y))),
+    "asin": Unary(torch.asin, 8, True, lambda b, x, y: b.emit("rsqrt", [b.sub(1.0, b.mul(x, x))])),
+    "acos": Unary(torch.acos, 8, True, lambda b, x, y: b.neg(b.emit("rsqrt", [b.sub(1.0, b.mul(x, x))]))),
+    "atan": Unary(torch.atan, 8, True, lambda b, x, y: b.div(1.0, b.add(b.mul(x, x), 1.0))),
+    "sinh": Unary(torch.sinh, 8, True, lambda b, x, y: b.emit("cosh", [x])),
+    "cosh": Unary(torch.cosh, 8, True, lambda b, x, y: b.emit("sinh", [x])),
+    "sigmoid": Unary(torch.sigmoid, 5, True, lambda b, x, y: b.mul(y, b.sub(1.0, y))),
+    "erf": Unary(torch.erf, 8, True, lambda b, x, y: b.mul(b.emit("exp", [b.neg(b.mul(x, x))]),
+                                                          2.0 / math.sqrt(math.pi))),
+    "reciprocal": Unary(torch.reciprocal, 1, False, lambda b, x, y: b.neg(b.mul(y, y))),
+    "floor": Unary(torch.floor, 1, False, None), "ceil": Unary(torch.ceil, 1, False, None),
+    "round": Unary(torch.round, 1, False, None), "trunc": Unary(torch.trunc, 1, False, None),
+    "silu": Unary(torch.nn.functional.silu, 6, True, lambda b, x, y: _silu_deriv(b, x)),
 }
-for _n, (_f, _c, _t) in UNARY_FLOAT.items():
-    define(_n, 1, elementwise_infer(_n, float_only=True), _unary_impl(_f), flags={"elementwise"}, flops=_c,
-           family=FAMILY, transcendental=_t).lowers(getattr(aten, _n).default)(lower_unary(_n))
+
+
+def _silu_deriv(b, x):
+    s = b.emit("sigmoid", [x])
+    return b.mul(s, b.add(b.mul(x, b.sub(1.0, s)), 1.0))
+
+
+def vjp_of_deriv(deriv: Callable | None) -> Callable:
+    """The VJP of y = f(x) from dy/dx: g * f'(x), computed in float32 for 16-bit floats."""
+
+    def vjp(b, n, cts):
+        if deriv is None:
+            return [None]
+        x = n.inputs[0]
+        d = deriv(b, b.opmath(x), b.opmath(n.outputs[0]))
+        return [b.cast(b.mul(b.opmath(cts[0]), d), x.type.dtype)]
+
+    return vjp
+
+
+for _n, _u in UNARY_FLOAT.items():
+    _d = define(_n, 1, elementwise_infer(_n, float_only=True), _unary_impl(_u.fn), flags={"elementwise"},
+                flops=_u.flops, family=FAMILY, transcendental=_u.transcendental)
+    _d.lowers(getattr(aten, _n).default)(lower_unary(_n))
+    _d.defvjp(vjp_of_deriv(_u.deriv))
 
 gelu = define("gelu", 1, elementwise_infer("gelu", float_only=True), lambda xs, a: _gelu(xs[0], a),
               attrs={"approximate": "none"}, flags={"elementwise"}, flops=10, doc="approximate='none' (erf) or 'tanh'",
@@ -144,6 +190,22 @@ def _lower_gelu(ctx, x, approximate="none"):
     return ctx.emit("gelu", [ctx.val(x)], approximate=approximate)
 
 
+@gelu.defvjp
+def _gelu_vjp(b, n, cts):
+    x = b.opmath(n.inputs[0])
+    if n.attrs["approximate"] == "tanh":  # 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3))
+        k, c = math.sqrt(2.0 / math.pi), 0.044715
+        x2 = b.mul(x, x)
+        t = b.emit("tanh", [b.mul(b.add(x, b.mul(b.mul(x2, x), c)), k)])
+        d = b.add(b.mul(b.add(t, 1.0), 0.5),
+                  b.mul(b.mul(b.mul(x, b.sub(1.0, b.mul(t, t))), 0.5 * k), b.add(b.mul(x2, 3 * c), 1.0)))
+    else:  # Phi(x) + x phi(x)
+        cdf = b.mul(b.add(b.emit("erf", [b.mul(x, 1.0 / math.sqrt(2.0))]), 1.0), 0.5)
+        pdf = b.mul(b.emit("exp", [b.mul(b.mul(x, x), -0.5)]), 1.0 / math.sqrt(2.0 * math.pi))
+        d = b.add(cdf, b.mul(x, pdf))
+    return [b.cast(b.mul(b.opmath(cts[0]), d), n.inputs[0].type.dtype)]
+
+
 UNARY_ANY: dict[str, Callable] = {
     "neg": torch.neg, "abs": torch.abs, "sign": torch.sign, "relu": torch.relu,
     "bitwise_not": torch.bitwise_not,
@@ -151,6 +213,12 @@ UNARY_ANY: dict[str, Callable] = {
 for _n, _f in UNARY_ANY.items():
     define(_n, 1, elementwise_infer(_n), _unary_impl(_f), flags={"elementwise"},
            family=FAMILY).lowers(getattr(aten, _n).default)(lower_unary(_n))
+# |output| <= bound from the inputs' bounds (attention mask analysis, passes/attention_patterns.py)
+OPS["neg"].abs_bound = OPS["abs"].abs_bound = bound_of(0)
+OPS["neg"].defvjp(lambda b, n, cts: [b.neg(cts[0])])
+OPS["abs"].defvjp(lambda b, n, cts: [b.mul(cts[0], b.emit("sign", [n.inputs[0]]))])
+OPS["sign"].defvjp(lambda b, n, cts: [None])
+OPS["relu"].defvjp(lambda b, n, cts: [b.where(b.emit("gt", [n.outputs[0], b.const(0, n.outputs[0])]), cts[0], 0.0)])
 
 
 def _lower_isx(op: str):
@@ -198,6 +266,57 @@ for _n, _f in BINARY.items():
     _fl = {"elementwise"} | ({"commutative"} if _n in COMMUTATIVE else set())
     define(_n, 2, elementwise_infer(_n, float_only=_n in ("div", "atan2")), _binary_impl(_f), flags=_fl,
            flops=4 if _n == "pow" else 1, family=FAMILY, transcendental=_n in TRANSCENDENTAL_BINARY)
+
+OPS["add"].abs_bound = OPS["sub"].abs_bound = bound_of(0, 1, combine=lambda x, y: x + y)
+OPS["mul"].abs_bound = bound_of(0, 1, combine=lambda x, y: x * y)
+OPS["maximum"].abs_bound = OPS["minimum"].abs_bound = bound_of(0, 1)
+
+
+
+# VJPs of the binary ops: one cotangent per operand (broadcast operands are summed back by autodiff)
+def _binary_vjp(fn):
+    def vjp(b, n, cts):
+        a, c = n.inputs
+        dt = n.outputs[0].type.dtype
+        return [None if g is None else b.cast(g, dt) for g in fn(b, b.opmath(cts[0]), b.opmath(a), b.opmath(c),
+                                                                  b.opmath(n.outputs[0]))]
+
+    return vjp
+
+
+def _pow_vjp(b, g, x, e, y):
+    ga = b.where(b.emit("eq", [e, b.const(0, e)]), 0.0, b.mul(b.mul(g, e), b.emit("pow", [x, b.sub(e, 1.0)])))
+    keep = b.emit("logical_and", [b.emit("eq", [x, b.const(0, x)]), b.emit("ge", [e, b.const(0, e)])])
+    gb = b.where(keep, 0.0, b.mul(b.mul(g, y), b.emit("log", [x])))
+    return [ga, gb]
+
+
+def _extreme_vjp(first_wins: str):  # maximum: "gt"; minimum: "lt" (ties split the gradient, as in torch)
+    def fn(b, g, x, e, y):
+        half = b.where(b.emit("eq", [x, e]), b.mul(g, 0.5), g)
+        loses = "lt" if first_wins == "gt" else "gt"
+        return [b.where(b.emit(loses, [x, e]), 0.0, half), b.where(b.emit(first_wins, [x, e]), 0.0, half)]
+
+    return fn
+
+
+def _atan2_vjp(b, g, y, x, out):
+    r = b.add(b.mul(x, x), b.mul(y, y))
+    return [b.div(b.mul(g, x), r), b.div(b.neg(b.mul(g, y)), r)]
+
+
+for _op, _fn in {
+    "add": lambda b, g, x, e, y: [g, g],
+    "sub": lambda b, g, x, e, y: [g, b.neg(g)],
+    "mul": lambda b, g, x, e, y: [b.mul(g, e), b.mul(g, x)],
+    "div": lambda b, g, x, e, y: [b.div(g, e), b.div(b.neg(b.mul(g, x)), b.mul(e, e))],
+    "pow": _pow_vjp,
+    "maximum": _extreme_vjp("gt"), "minimum": _extreme_vjp("lt"),
+    "remainder": lambda b, g, x, e, y: [g, b.neg(b.mul(g, b.emit("floor_divide", [x, e])))],
+    "floor_divide": lambda b, g, x, e, y: [None, None],
+    "atan2": _atan2_vjp,
+}.items():
+    OPS[_op].defvjp(_binary_vjp(_fn))
 
 # ATen ops that are `a op b` (with alpha) in the result dtype
 for _op, _targets in {
@@ -261,13 +380,19 @@ def _where_infer(ts, a):
 
 
 where = define("where", 3, _where_infer, lambda xs, a: torch.where(xs[0], xs[1], xs[2]), flags={"elementwise"},
-               family=FAMILY)
+               family=FAMILY, abs_bound=bound_of(1, 2))
 
 
 @where.lowers(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _lower_where(ctx, c, a, b):
     dt = ctx.out_type.dtype
     return ctx.emit("where", [as_bool(ctx, c), ctx.tensor(a, dt), ctx.tensor(b, dt)])
+
+
+@where.defvjp
+def _where_vjp(b, n, cts):
+    c, (g,) = n.inputs[0], cts
+    return [None, b.where(c, g, 0.0), b.where(c, 0.0, g)]
 
 
 @where.lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -278,15 +403,23 @@ def _lower_masked_fill(ctx, x, mask, value):
 
 define("copy", 1, elementwise_infer("copy"), lambda xs, a: xs[0].clone(memory_format=torch.contiguous_format),
        flags={"elementwise"}, flops=0, doc="materializes its input (a contiguous copy); inserted by fusion",
-       family=FAMILY)
+       family=FAMILY, abs_bound=bound_of(0))
 
 
 def _cast_infer(ts, a):
     return [ts[0].with_dtype(a["dtype"])]
 
 
+OPS["copy"].defvjp(lambda b, n, cts: [cts[0]])
+
 cast = define("cast", 1, _cast_infer, lambda xs, a: xs[0].to(a["dtype"]), attrs={"dtype": REQUIRED},
-              flags={"elementwise"}, flops=0, family=FAMILY)
+              flags={"elementwise"}, flops=0, family=FAMILY, abs_bound=bound_of(0))
+
+
+@cast.defvjp
+def _cast_vjp(b, n, cts):
+    src = n.inputs[0].type.dtype
+    return [b.cast(cts[0], src) if is_float(src) else None]
 
 
 @cast.lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other,

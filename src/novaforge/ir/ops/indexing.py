@@ -145,3 +145,28 @@ def _lower_scatter_add(ctx, x, dim, index, src):
     v = ctx.val(x)
     return ctx.emit("scatter_add", [v, ctx.val(index), ctx.cast(ctx.val(src), v.type.dtype)],
                     axis=ctx.axis(dim, v.type.rank))
+
+
+# ---------------------------------------------------------------------------- VJP rules
+@take.defvjp
+def _take_vjp(b, n, cts):  # scatter-add the cotangent rows back to the positions they were taken from
+    x, idx = n.inputs
+    ax = n.attrs["axis"]
+    k = idx.type.numel
+    flat = x.type.shape[:ax] + (k,) + x.type.shape[ax + 1:]
+    g = b.reshape(cts[0], flat)
+    where = b.expand(b.reshape(idx, (1,) * ax + (k,) + (1,) * (x.type.rank - ax - 1)), flat)
+    return [b.emit("scatter_add", [b.zeros(x.type), where, g], axis=ax), None]
+
+
+@gather.defvjp
+def _gather_vjp(b, n, cts):
+    x, idx = n.inputs
+    return [b.emit("scatter_add", [b.zeros(x.type), idx, cts[0]], axis=n.attrs["axis"]), None]
+
+
+@scatter_add.defvjp
+def _scatter_add_vjp(b, n, cts):
+    (g,) = cts
+    idx = n.inputs[1]
+    return [g, None, b.emit("gather", [g, idx], axis=n.attrs["axis"])]

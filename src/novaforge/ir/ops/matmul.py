@@ -179,3 +179,67 @@ def _lower_sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_
         return ctx.extern("attention's logsumexp output is used")
     out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
     return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
+
+
+# ---------------------------------------------------------------------------- VJP rules
+@matmul_.defvjp
+def _matmul_vjp(b, n, cts):  # dA = G B^T, dB = A^T G (broadcast batch dims summed back by autodiff)
+    a, c = n.inputs
+    (g,) = cts
+    return [b.emit("matmul", [g, b.transpose_last(c)]), b.emit("matmul", [b.transpose_last(a), g])]
+
+
+def _heads(b, v, hq: int):
+    """[..., Hk, S, D] -> [..., Hq, S, D]: key/value head h // (Hq / Hk) serves query head h."""
+    *batch, hk, s, d = v.type.shape
+    if hk == hq:
+        return v
+    rep = hq // hk
+    v = b.expand(b.reshape(v, (*batch, hk, 1, s, d)), (*batch, hk, rep, s, d))
+    return b.reshape(v, (*batch, hq, s, d))
+
+
+def _heads_back(b, g, hk: int):
+    """The cotangent of `_heads`: the query heads of one key/value head summed."""
+    *batch, hq, s, d = g.type.shape
+    if hk == hq:
+        return g
+    r = len(batch)
+    return b.reshape(b.sum(b.reshape(g, (*batch, hk, hq // hk, s, d)), (r + 1,), keepdim=True), (*batch, hk, s, d))
+
+
+@attention_.defvjp
+def _attention_vjp(b, n, cts):
+    """Recompute P = softmax(q k^T scale + mask) in float32, then dV = P^T G, dP = G V^T,
+    dS = P (dP - rowsum(dP P)), dQ = dS K scale, dK = dS^T Q scale (GQA heads summed back);
+    an additive float mask gets dS."""
+    q, k, v = n.inputs[:3]
+    mask = n.inputs[3] if len(n.inputs) == 4 else None
+    hq, hk = q.type.shape[-3], k.type.shape[-3]
+    qf, kf, vf, gf = (b.opmath(t) for t in (q, _heads(b, k, hq), _heads(b, v, hq), cts[0]))
+    scale = n.attrs["scale"]
+    s = b.mul(b.emit("matmul", [qf, b.transpose_last(kf)]), scale)
+    last = s.type.rank - 1
+    length, keys = s.type.shape[-2], s.type.shape[-1]
+    if n.attrs["causal"]:
+        dev = s.type.device
+        rows = b.reshape(b.emit("iota", [], length=length, dtype=torch.int64, device=dev), (length, 1))
+        cols = b.reshape(b.emit("iota", [], length=keys, dtype=torch.int64, device=dev), (1, keys))
+        s = b.where(b.emit("le", [cols, rows]), s, -math.inf)
+    elif mask is not None and mask.type.dtype == torch.bool:
+        s = b.where(mask, s, -math.inf)
+    elif mask is not None:
+        s = b.add(s, b.opmath(mask))
+    e = b.emit("exp", [b.sub(s, b.emit("max", [s], axes=(last,), keepdim=True))])
+    p = b.div(e, b.sum(e, (last,), keepdim=True))
+    dv = b.emit("matmul", [b.transpose_last(p), gf])
+    dp = b.emit("matmul", [gf, b.transpose_last(vf)])
+    ds = b.mul(p, b.sub(dp, b.sum(b.mul(dp, p), (last,), keepdim=True)))
+    dq = b.mul(b.emit("matmul", [ds, kf]), scale)
+    dk = b.mul(b.emit("matmul", [b.transpose_last(ds), qf]), scale)
+    out = [b.cast(dq, q.type.dtype), b.cast(_heads_back(b, dk, hk), k.type.dtype),
+           b.cast(_heads_back(b, dv, hk), v.type.dtype)]
+    if mask is not None:
+        out.append(None if mask.type.dtype == torch.bool else b.cast(b.unbroadcast(ds, mask.type.shape),
+                                                                     mask.type.dtype))
+    return out

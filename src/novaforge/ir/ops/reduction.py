@@ -192,3 +192,47 @@ def _lower_cumsum(ctx, x, dim, dtype=None):
     t = ctx.out_type
     v = ctx.cast(ctx.val(x), t.dtype)
     return ctx.emit("cumsum", [v], axis=ctx.axis(dim, v.type.rank))
+
+
+# ---------------------------------------------------------------------------- VJP rules
+def _kept(b, n, v):
+    """A reduction's output (or its cotangent) as the keepdim shape, broadcastable to the input."""
+    x = n.inputs[0]
+    if x.type.rank == 0:
+        return v
+    shape = tuple(1 if i in n.attrs["axes"] else s for i, s in enumerate(x.type.shape))
+    return b.reshape(v, shape)
+
+
+@sum_.defvjp
+def _sum_vjp(b, n, cts):
+    return [b.expand(_kept(b, n, cts[0]), n.inputs[0].type.shape)]
+
+
+@prod.defvjp
+def _prod_vjp(b, n, cts):  # g * prod / x (inputs without zeros)
+    x = n.inputs[0]
+    return [b.div(b.mul(_kept(b, n, cts[0]), _kept(b, n, n.outputs[0])), x)]
+
+
+def _extreme_vjp(b, n, cts):  # the gradient is shared evenly among the extreme elements (as in torch)
+    x = n.inputs[0]
+    if x.type.rank == 0:
+        return [cts[0]]
+    hit = b.cast(b.emit("eq", [x, _kept(b, n, n.outputs[0])]), x.type.dtype)
+    count = b.sum(hit, n.attrs["axes"], keepdim=True)
+    return [b.div(b.mul(_kept(b, n, cts[0]), hit), count)]
+
+
+max_.defvjp(_extreme_vjp)
+min_.defvjp(_extreme_vjp)
+
+
+@cumsum.defvjp
+def _cumsum_vjp(b, n, cts):  # the reversed cumulative sum: total - cumsum(g) + g
+    (g,) = cts
+    ax = n.attrs["axis"]
+    if g.type.rank == 0:
+        return [g]
+    total = b.sum(g, (ax,), keepdim=True)
+    return [b.add(b.sub(total, b.emit("cumsum", [g], axis=ax)), g)]

@@ -16,7 +16,7 @@ import math
 import torch
 
 from ..types import TensorType
-from .core import REQUIRED, define, device_of, same_dtype
+from .core import REQUIRED, bound_of, define, device_of, same_dtype
 
 aten = torch.ops.aten
 FAMILY = "shape"
@@ -71,8 +71,15 @@ def _slice_impl(xs, a):
     return xs[0][tuple(idx)]
 
 
+def _same_shape(n) -> bool:
+    return n.inputs[0].type.shape == n.outputs[0].type.shape
+
+
+_first = bound_of(0)
+
+
 reshape = define("reshape", 1, _reshape_infer, lambda xs, a: xs[0].reshape(a["shape"]), attrs={"shape": REQUIRED},
-                 flags={"view"}, flops=0, family=FAMILY)
+                 flags={"view"}, flops=0, family=FAMILY, returns_input=_same_shape, abs_bound=_first)
 
 
 @reshape.lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
@@ -83,7 +90,8 @@ def _lower_to_out_shape(ctx, x, *args, **kwargs):
 
 
 permute = define("permute", 1, _permute_infer, lambda xs, a: xs[0].permute(a["perm"]), attrs={"perm": REQUIRED},
-                 flags={"view"}, flops=0, family=FAMILY)
+                 flags={"view"}, flops=0, family=FAMILY, abs_bound=_first,
+                 returns_input=lambda n: tuple(n.attrs["perm"]) == tuple(range(len(n.attrs["perm"]))))
 
 
 @permute.lowers(aten.permute.default)
@@ -120,7 +128,7 @@ def _lower_movedim(ctx, x, src, dst):
 
 
 expand = define("expand", 1, _expand_infer, lambda xs, a: xs[0].expand(a["shape"]), attrs={"shape": REQUIRED},
-                flags={"view"}, flops=0, family=FAMILY)
+                flags={"view"}, flops=0, family=FAMILY, returns_input=_same_shape, abs_bound=_first)
 
 
 @expand.lowers(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
@@ -130,7 +138,9 @@ def _lower_expand(ctx, x, *args, **kwargs):
 
 slice_ = define("slice", 1, _slice_infer, _slice_impl,
                 attrs={"axis": REQUIRED, "start": 0, "stop": REQUIRED, "step": 1}, flags={"view"}, flops=0,
-                doc="normalized: 0 <= start, stop clamped to the axis length, step >= 1", family=FAMILY)
+                doc="normalized: 0 <= start, stop clamped to the axis length, step >= 1", family=FAMILY,
+                abs_bound=_first, returns_input=lambda n: n.attrs["start"] == 0 and n.attrs["step"] == 1
+                and n.attrs["stop"] >= n.inputs[0].type.shape[n.attrs["axis"]])
 
 
 def slice_value(ctx, v, axis: int, start: int | None, end: int | None, step: int = 1):
@@ -217,7 +227,7 @@ def _cat_infer(ts, a):
 
 
 cat = define("cat", (1, None), _cat_infer, lambda xs, a: torch.cat(list(xs), a["axis"]), attrs={"axis": REQUIRED},
-             flops=0, family=FAMILY)
+             flops=0, family=FAMILY, returns_input=lambda n: len(n.inputs) == 1)
 
 
 @cat.lowers(aten.cat.default, aten.concat.default, aten.concatenate.default)
@@ -327,3 +337,50 @@ def _lower_select_scatter(ctx, x, src, dim, index):
     s = ctx.cast(ctx.val(src), v.type.dtype)
     s = ctx.reshape(s, v.type.shape[:ax] + (1,) + v.type.shape[ax + 1:])
     return ctx.emit("scatter_slice", [v, s], axis=ax, start=index, stop=index + 1, step=1)
+
+
+# ---------------------------------------------------------------------------- VJP rules
+reshape.defvjp(lambda b, n, cts: [b.reshape(cts[0], n.inputs[0].type.shape)])
+expand.defvjp(lambda b, n, cts: [b.unbroadcast(cts[0], n.inputs[0].type.shape)])
+
+
+@permute.defvjp
+def _permute_vjp(b, n, cts):
+    perm = n.attrs["perm"]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return [b.emit("permute", [cts[0]], perm=tuple(inverse))]
+
+
+def _slice_attrs(n):
+    return {k: n.attrs[k] for k in ("axis", "start", "stop", "step")}
+
+
+@slice_.defvjp
+def _slice_vjp(b, n, cts):  # the cotangent scattered into zeros
+    return [b.emit("scatter_slice", [b.zeros(n.inputs[0].type), cts[0]], **_slice_attrs(n))]
+
+
+@cat.defvjp
+def _cat_vjp(b, n, cts):
+    ax = n.attrs["axis"]
+    out, lo = [], 0
+    for v in n.inputs:
+        hi = lo + v.type.shape[ax]
+        out.append(b.emit("slice", [cts[0]], axis=ax, start=lo, stop=hi, step=1))
+        lo = hi
+    return out
+
+
+@pad.defvjp
+def _pad_vjp(b, n, cts):  # padding by the negated pads crops what was padded and pads what was cropped
+    return [b.emit("pad", [cts[0]], pads=tuple((-lo, -hi) for lo, hi in n.attrs["pads"]), value=0.0)]
+
+
+@scatter_slice.defvjp
+def _scatter_slice_vjp(b, n, cts):
+    (g,) = cts
+    src = n.inputs[1]
+    return [b.emit("scatter_slice", [g, b.zeros(src.type)], **_slice_attrs(n)),
+            b.emit("slice", [g], **_slice_attrs(n))]

@@ -1,0 +1,125 @@
+"""Compiler options: one typed, validated object passed down explicitly.
+
+`novaforge.compile(model, **options)` and `torch.compile(model, backend="novaforge",
+options={...})` turn their keyword options into one `Options` (`Options.of`), which rejects an
+unknown name (naming the valid ones) and a value of the wrong kind before anything compiles.
+The same object goes to the pipeline (`PassContext.options`), every pass, the backend's
+`build` and the numerics checker; they read its typed fields. docs/options.md documents each
+field (a test checks that every field is documented there).
+
+Environment variables are not options: they are read in settings.py, at the point of use.
+
+Invariant: an `Options` is immutable and valid; `replace` returns a new validated one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+CAPTURES = ("fx", "export")
+CHECKS = ("0", "1", "numerics")
+FALLBACKS = ("eager", "raise")
+MATMUL_LOADERS = ("pointer", "tma", "auto")
+MATMUL_EXECUTORS = ("triton", "torch")
+GENERATE_CACHES = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class Options:
+    # -- capture and passes
+    capture: str = "fx"  # "fx" (make_fx over functional_call) or "export" (torch.export)
+    graph_cache: bool = True  # reuse captured graphs across compiles (frontend/graph_cache.py)
+    fold_max_elements: int = 1 << 26  # constant folding skips larger results
+    inplace: bool = True  # memory planning may write a pointwise result into a dying input
+    keep_graphs: bool = False  # every pass record keeps its graph
+    check: str | None = None  # None: $NOVAFORGE_CHECK decides; "0" off; "1" verifier; "numerics" also kernels
+    pass_fuel: Mapping[int, int] = field(default_factory=dict)  # pass position -> decisions it may take
+    pass_trace: bool = False  # pass records keep a description of every decision
+    compile_only: bool = False  # build without data (set by CompiledModule.compile_only)
+    generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
+    backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
+    fallback: str = "eager"  # torch.compile: a graph novaforge cannot compile runs eagerly, or "raise"
+    # -- CPU backend
+    pack_weights: bool = False  # keep packed copies of constant matmul weights
+    profile: bool = False  # time every launch
+    # -- Triton backend
+    tf32: bool = True
+    cuda_graphs: bool = True
+    dump_dir: str = ""  # copy generated Triton sources there (also $NOVAFORGE_DEBUG)
+    matmul_loader: str = "pointer"
+    matmul_executor: str = "triton"
+    matmul_persistent: str | bool | None = "auto"  # "auto", "on"/True, "off"/False
+    parallel_compile: bool = True
+    compile_threads: int | None = None  # default: min(16, CPU count)
+    max_reduction_block: int | None = None  # test knob: cap a reduction's column block
+    matmul_tile: tuple[int, int] | None = None  # test knob: force (BLOCK_M, BLOCK_N)
+    matmul_programs: int | None = None  # test knob: a persistent grid of this many programs
+    matmul_subtile: int | None = None  # test knob: epilogue subtiles
+
+    def __post_init__(self) -> None:
+        _choice("capture", self.capture, CAPTURES)
+        _choice("fallback", self.fallback, FALLBACKS)
+        _choice("matmul_loader", self.matmul_loader, MATMUL_LOADERS)
+        _choice("matmul_executor", self.matmul_executor, MATMUL_EXECUTORS)
+        _choice("generate_cache", self.generate_cache, GENERATE_CACHES)
+        if self.matmul_persistent not in ("auto", "on", "off", True, False, None):
+            raise ValueError(f"option matmul_persistent={self.matmul_persistent!r}; expected 'auto', 'on' or 'off'")
+        if self.check is not None:  # normalized: None (unset, "" too), "0", "1" or "numerics"
+            c = {"": None, 0: "0", 1: "1"}.get(self.check, self.check)  # (False == 0, True == 1)
+            if c is not None and c not in CHECKS:
+                raise ValueError(f"option check={self.check!r}; expected '0', '1' or 'numerics'")
+            object.__setattr__(self, "check", c)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(v, bool | int):
+                raise TypeError(f"option {f.name}={v!r} must be a bool")
+            if f.type in ("int", "int | None") and v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TypeError(f"option {f.name}={v!r} must be an int")
+        object.__setattr__(self, "pass_fuel", dict(self.pass_fuel or {}))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def of(cls, options: Options | Mapping[str, Any] | None = None, **more: Any) -> Options:
+        """`options` (an Options, a dict of option names, or None) plus `more`, validated."""
+        if isinstance(options, Options):
+            return options.replace(**more) if more else options
+        given = {**dict(options or {}), **more}
+        unknown = sorted(set(given) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                            f"valid options: {', '.join(cls.names())} (docs/options.md)")
+        return cls(**given)
+
+    def replace(self, **changes: Any) -> Options:
+        return Options.of({**self.as_dict(), **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    # a read-only mapping view, so that `{**options, "backend": b}` and `dict(options)` give the
+    # option dict (readers use the typed fields; there is deliberately no `get`)
+    def keys(self) -> list[str]:
+        return self.names()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.names():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults (what a user set)."""
+        default = Options()
+        return {k: v for k, v in self.as_dict().items() if getattr(default, k) != v}
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"option {name}={value!r}; expected one of {', '.join(map(repr, allowed))}")
+
+
+__all__ = ["Options"]
