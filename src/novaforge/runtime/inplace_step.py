@@ -68,7 +68,9 @@ def make_runner(body: Graph, ins: list[int], env: list[Any], target: str) -> Cal
         xs = []
         for s, lay in plans:
             t = env[s]
-            xs.append(t if lay is None else torch.as_strided(t, lay.shape, lay.strides, t.storage_offset() + lay.offset))
+            # env tensors are contiguous (the program binds inputs contiguous), as the layouts assume
+            xs.append(t if lay is None else torch.as_strided(t, lay.shape, lay.strides,
+                                                             t.storage_offset() + lay.offset))
         call_args = list(args)
         for j, i in positions:
             call_args[j] = xs[i]
