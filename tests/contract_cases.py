@@ -113,6 +113,20 @@ def check_dtype_errors(backend: str) -> None:
             lin(x)
         with pytest.raises(RuntimeError):
             c(x)
+    # layer/group norms: a 16-bit input with float32 parameters is allowed, other mixes raise
+    for fn in (lambda x, w, b: torch.nn.functional.layer_norm(x, (5,), w, b),
+               lambda x, w, b: torch.nn.functional.group_norm(x, 1, w, b)):
+        cf = novaforge.compile(fn, backend=backend)
+        for xdt, pdt in ((torch.float32, torch.bfloat16), (torch.float64, torch.float32),
+                         (torch.float16, torch.bfloat16), (torch.bfloat16, torch.float32)):
+            args = (torch.randn(2, 5).to(xdt), torch.randn(5).to(pdt), torch.randn(5).to(pdt))
+            try:
+                want = fn(*args)
+            except RuntimeError:
+                with pytest.raises(RuntimeError, match="mixed dtype"):
+                    cf(*args)
+                continue
+            torch.testing.assert_close(cf(*args), want, atol=1e-2, rtol=1e-2)
 
 
 def check_concurrent_first_calls(backend: str) -> None:

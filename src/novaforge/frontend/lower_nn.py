@@ -196,7 +196,23 @@ def _affine(ctx: LowerCtx, y, weight, bias, shape_tail: Sequence[int] | None = N
     return y
 
 
+def check_norm_dtypes(ctx: LowerCtx, x, *params) -> None:
+    """ATen's CPU layer/group norm rule: parameters of another dtype than the input are allowed
+    only for a bfloat16/float16 input with float32 parameters; otherwise eager raises, so do we."""
+    v = ctx.val(x)
+    if v.type.device != "cpu":
+        return
+    dts = [ctx.val(p).type.dtype for p in params if p is not None]
+    if all(d == v.type.dtype for d in dts):
+        return
+    if v.type.dtype not in (torch.bfloat16, torch.float16):
+        raise RuntimeError(ctx.describe("mixed dtype (CPU): all inputs must share same datatype."))
+    if any(d != torch.float32 for d in dts):
+        raise RuntimeError(ctx.describe("mixed dtype (CPU): expect parameter to have scalar type of Float"))
+
+
 def layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
+    check_norm_dtypes(ctx, x, weight, bias)
     v = ctx.val(x)
     vf = ctx.opmath(v)
     acc = vf.type.dtype
@@ -315,6 +331,7 @@ def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
 
 @rule(aten.native_group_norm.default)
 def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
+    check_norm_dtypes(ctx, x, weight, bias)
     v = ctx.val(x)
     vf = ctx.opmath(v)
     acc = vf.type.dtype

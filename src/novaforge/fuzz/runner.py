@@ -39,8 +39,6 @@ TAG = "@@nf-fuzz "
 # fuzzer and reported to the owners of the code at fault (docs/debugging.md lists reproducers).
 # They are counted apart so CI fails only on new ones; delete an entry when its fix lands.
 KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("crash", r"fp_downcast_rounding should be set only for truncating", ("triton",),
-     "codegen/triton/exprs.py downcast(): int64 -> bf16 cast with fp_downcast_rounding"),
     ("crash", r"Mask argument cannot be block type", ("triton",),
      "codegen/triton: a cat load of one-element pieces masks a scalar pointer"),
     ("layout", r"not contiguous \(strides \(0,", ("triton",),
@@ -53,11 +51,6 @@ KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
      "codegen/triton/exprs.py _pow helper (float pow by a non-integer scalar) fails in the interpreter"),
     ("crash", r"more than one element of the written-to tensor refers to a single memory location", ("cpu", "triton"),
      "api.py write-back of a mutated input into an expanded (stride-0) input; eager's fill_ accepts it"),
-    ("no_error", r"mixed dtype \(CPU\)", ("cpu", "triton", "interpret"),
-     "frontend/lower_nn.py: layer_norm/group_norm accept an input whose dtype differs from weight and bias "
-     "(eager: mixed dtype error)"),
-    ("wrong", r"call 4: .*torch\.bfloat16\[", ("triton",),
-     "codegen/triton: a float64 -> bfloat16 cast gives 0 or nan in the interpreter"),
     ("no_error", r"(m1 and m2|mat1 and mat2) (to have|must have) the same dtype", ("cpu", "triton", "interpret"),
      "frontend: a zero-size matmul becomes a fill before its operands' dtypes are checked"),
     ("crash", r"could not capture Prog: RuntimeError: expected scalar type", ("cpu", "triton", "interpret"),

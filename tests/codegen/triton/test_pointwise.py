@@ -85,6 +85,14 @@ def test_casts_round_like_eager():
     check(lambda x: x.to(torch.bfloat16), x, atol=0, rtol=2**-7)
 
 
+def test_integer_and_float64_to_16_bit_casts():
+    # eager converts both through float32 (c10::BFloat16 / c10::Half are built from a float)
+    i = torch.randint(-(2**30), 2**30, (4, 9))
+    d = torch.randn(4, 9, dtype=torch.float64) * 1e3
+    check(lambda i, d: (i.to(torch.bfloat16), i.to(torch.float16).abs(), d.to(torch.bfloat16), d.to(torch.float16)),
+          i, d, atol=0, rtol=2**-7)
+
+
 def test_zero_size_tensors():
     check(lambda x: x * 2 + 1, torch.randn(0, 5), all_triton=False)
 

@@ -176,6 +176,10 @@ def _cast(a, n, c):
     if dst == torch.bool:
         return f"({x} != 0)"
     if dst in (torch.float16, torch.bfloat16):
+        if src not in (torch.float32, torch.float16, torch.bfloat16):
+            # torch converts integers and float64 to a 16-bit float through float32 (c10::BFloat16
+            # and c10::Half are built from a float): the same two roundings here
+            x = f"{x}.to(tl.float32)"
         return f"{downcast(x, dst)}.to(tl.float32)"  # round to the 16-bit type, compute in float32
     if compute_dtype(dst) == compute_dtype(src):
         return x
