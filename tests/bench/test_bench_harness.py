@@ -113,6 +113,10 @@ def test_worker_measures_training_and_matmul_in_process(tmp_path):
     (row,) = train["rows"]
     assert len(row["losses"]) == 4 and len(row["times_ms"]) == 2 and row["tokens_per_call"] == 32
     assert all(math.isfinite(x) for x in row["losses"]) and row["metrics"]["kernels"] > 0
+    # the whole step as one program: the same model, batches and AdamW, so the same losses
+    (whole,) = worker.measure(dict(base, runner="novaforge-step", workload="gpt-tiny", batch=2, seq=16))["rows"]
+    assert whole["programs"] == 1 and len(whole["losses"]) == 4
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(whole["losses"], row["losses"], strict=True))
     mm = worker.measure(dict(base, workload="matmul-tiny", batch=2, seq=8))
     assert [r["case"].split(" ")[-1] for r in mm["rows"]][:2] == ["64x64x64", "96x96x96"]
     assert all(r["max_rel_diff"] < 1e-5 and r["flops"] > 0 for r in mm["rows"])

@@ -23,8 +23,8 @@ def ctx(tmp_path):
 def test_all_expands_to_the_applicable_runners():
     assert reg.expand(["all"], "inference", "cpu") == ["novaforge", "novaforge-packed", "eager", "torch-compile",
                                                        "torch-compile-freeze", "onnxruntime", "openvino"]
-    assert reg.expand(["all"], "training", "cpu") == ["novaforge", "eager", "torch-compile"]
-    assert reg.expand(["all"], "training", "cuda") == ["novaforge", "eager", "torch-compile", "jax"]
+    assert reg.expand(["all"], "training", "cpu") == ["novaforge", "novaforge-step", "eager", "torch-compile"]
+    assert reg.expand(["all"], "training", "cuda") == ["novaforge", "novaforge-step", "eager", "torch-compile", "jax"]
     assert "onnxruntime" not in reg.expand(["all"], "inference", "cuda")
     assert reg.expand(["eager", "all"], "matmul", "cpu") == ["eager", "novaforge"]
     with pytest.raises(ValueError, match="unknown runner"):

@@ -77,5 +77,26 @@ class NovaforgeRunner:
         return Prepared(call, info={"backend_requested": ctx.nf_backend}, after_first=lambda: _metrics_of(compiled))
 
 
+class NovaforgeStepRunner:
+    """The whole training step as one program: novaforge.compile_step(model, AdamW) (forward,
+    loss, backward and the update; the same AdamW hyperparameters as the other runners)."""
+
+    def training(self, model: torch.nn.Module, batches: list, ctx: RunContext) -> Prepared:
+        import novaforge
+
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        step = novaforge.compile_step(model, opt, backend=ctx.nf_backend)
+        n = [0]
+
+        def call() -> torch.Tensor:
+            idx, targets = batches[n[0] % len(batches)]
+            n[0] += 1
+            with ctx.autocast():
+                return step(idx, targets).detach()
+
+        return Prepared(call, info={"backend_requested": ctx.nf_backend, "programs": "one step program"},
+                        after_first=lambda: {"programs": step.compilations})
+
+
 class NovaforgePackedRunner(NovaforgeRunner):
     options = {"pack_weights": True}
