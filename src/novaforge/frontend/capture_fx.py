@@ -88,6 +88,16 @@ def _layout(t: torch.Tensor) -> tuple:
     return (tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()), int(t.storage_offset()))
 
 
+def _spans(base: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether every element of `t`'s layout lies inside `base` (a contiguous tensor at offset 0
+    of the same storage), so `t` can be rebuilt as `base.as_strided(...)`: the first chunk of a
+    tensor is such a base for itself but not for the whole tensor returned after it."""
+    if t.numel() == 0:
+        return True
+    last = int(t.storage_offset()) + sum((int(n) - 1) * int(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return last < int(base.numel())
+
+
 def _alias_classifier(inputs: list[torch.Tensor], out_info: dict[str, Any]):
     """Which results eager returns as views of its inputs or of other results (the plain,
     non-functionalized trace sees real aliasing; a functionalized re-trace keeps what the
@@ -116,7 +126,7 @@ def _alias_classifier(inputs: list[torch.Tensor], out_info: dict[str, Any]):
             spec = pytrees.Spec("in_view", value=lay, index=in_storage[st], key=("in_view", in_storage[st], lay))
         if spec is None and st is not None:
             for j, o in enumerate(leaves):
-                if _storage(o) == st and o.storage_offset() == 0 and o.is_contiguous():
+                if _storage(o) == st and o.storage_offset() == 0 and o.is_contiguous() and _spans(o, t):
                     lay = _layout(t)
                     spec = pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay))
                     break

@@ -45,8 +45,6 @@ KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
      "triton program returns an expand view of its private input copy (x.repeat of a strided input)"),
     ("alias", r"do not share storage, eager's do", ("cpu", "triton", "interpret"),
      "frontend/pytrees.py: an output that is a view of a later output is returned as a copy"),
-    ("crash", r"setStorage: .* out of bounds", ("cpu", "triton", "interpret"),
-     "frontend/pytrees.py:154: rebuilding (y.chunk(..)[0], y) views the larger output from the smaller"),
     ("crash", r"ufunc .{0,2}bitwise_and.{0,2} not supported", ("triton",),
      "codegen/triton/exprs.py _pow helper (float pow by a non-integer scalar) fails in the interpreter"),
     ("crash", r"more than one element of the written-to tensor refers to a single memory location", ("cpu", "triton"),
