@@ -127,6 +127,13 @@ def check_dtype_errors(backend: str) -> None:
                     cf(*args)
                 continue
             torch.testing.assert_close(cf(*args), want, atol=1e-2, rtol=1e-2)
+    # index_add of another dtype's source: eager raises (the decomposition would cast)
+    ci = novaforge.compile(lambda x, i, s: x.index_add(0, i, s), backend=backend)
+    x, i = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 2])
+    with pytest.raises(RuntimeError, match="same scalar type"):
+        ci(x, i, torch.randn(2, 3))
+    torch.testing.assert_close(ci(x, i, torch.ones(2, 3, dtype=torch.float64)), x.index_add(0, i, torch.ones(2, 3,
+                                                                                                          dtype=torch.float64)))
 
 
 def check_concurrent_first_calls(backend: str) -> None:

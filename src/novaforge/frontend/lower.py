@@ -329,6 +329,21 @@ def lower_fx(
     return graph, ctx
 
 
+def _index_add_dtypes(ctx: LowerCtx, x, dim, index, source, *args, **kwargs) -> None:
+    a, b = ctx.val(x).type.dtype, ctx.val(source).type.dtype
+    if a != b:
+        names = {torch.float64: "Double", torch.float32: "Float", torch.bfloat16: "BFloat16",
+                 torch.float16: "Half", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool"}
+        raise RuntimeError(ctx.describe(f"index_add_(): self ({names.get(a, a)}) and source ({names.get(b, b)}) "
+                                        "must have the same scalar type"))
+
+
+# ATen op -> eager's argument check (raises as eager does), run before any lowering of the op
+ARG_CHECKS: dict[Any, Any] = {
+    torch.ops.aten.index_add.default: _index_add_dtypes,
+}
+
+
 def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     """The IR value(s) of one call_function node, by the first that applies: a getitem; an
     in-place op on a fresh intermediate (as its functional form); a zero-size fill; the
@@ -350,6 +365,9 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     rule = rules.get(target)
     if rule is None and isinstance(target, torch._ops.OpOverload):
         rule = rules.get(target.overloadpacket)
+    check = ARG_CHECKS.get(target)
+    if check is not None:  # eager's argument checks, which decompositions and zero-size fills skip
+        check(ctx, *n.args, **n.kwargs)
     if _all_outputs_empty(n):
         result = _empty_results(ctx)
     elif rule is not None:
