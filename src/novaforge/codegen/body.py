@@ -50,6 +50,15 @@ class Unsupported(Exception):
     """A backend cannot express this kernel (the message says why); it runs through torch."""
 
 
+# IR ops that no backend generates yet, with the reason (each backend's NOT_RENDERED starts from it)
+NOT_GENERATED: dict[str, str] = {
+    "argmax": "index reductions are not generated yet", "argmin": "index reductions are not generated yet",
+    "cumsum": "scans are not generated yet", "pad": "not generated yet", "scatter_slice": "not generated yet",
+    "index": "multi-axis indexing is not generated yet", "scatter_add": "scatters are not generated yet",
+    "extern": "an ATen call (by definition)", "extern_effect": "an ATen call (by definition)",
+}
+
+
 class LeafKind(StrEnum):
     LOAD = "load"
     CONST = "const"

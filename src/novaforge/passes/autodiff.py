@@ -83,18 +83,19 @@ class Builder:
     def add(self, x: Value, y: Value | float) -> Value:
         return self.emit("add", [x, self._num(y, x)])
 
-    def sub(self, x: Value | float, y: Value | float) -> Value:
+    def _binary(self, op: str, x: Value | float, y: Value | float) -> Value:
         if not isinstance(x, Value):
-            return self.emit("sub", [self._num(x, y), y])
-        return self.emit("sub", [x, self._num(y, x)])
+            return self.emit(op, [self._num(x, y), y])
+        return self.emit(op, [x, self._num(y, x)])
+
+    def sub(self, x: Value | float, y: Value | float) -> Value:
+        return self._binary("sub", x, y)
 
     def mul(self, x: Value, y: Value | float) -> Value:
         return self.emit("mul", [x, self._num(y, x)])
 
     def div(self, x: Value | float, y: Value | float) -> Value:
-        if not isinstance(x, Value):
-            return self.emit("div", [self._num(x, y), y])
-        return self.emit("div", [x, self._num(y, x)])
+        return self._binary("div", x, y)
 
     def neg(self, x: Value) -> Value:
         return self.emit("neg", [x])

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ...ir import Node
+from ..body import NOT_GENERATED
 from .analysis import Unsupported
 
 STORAGE: dict[torch.dtype, str] = {
@@ -259,12 +260,7 @@ TEMPLATES: dict[str, str] = {
     "matmul": "nf_gemm with a fused epilogue (matmul.py), or the library matmul and a generated epilogue",
     "attention": "a generated flash-attention kernel (attention.py), or the library's, with a generated epilogue",
 }
-NOT_RENDERED: dict[str, str] = {
-    "argmax": "index reductions are not generated yet", "argmin": "index reductions are not generated yet",
-    "cumsum": "scans are not generated yet", "pad": "not generated yet", "scatter_slice": "not generated yet",
-    "index": "multi-axis indexing is not generated yet", "scatter_add": "scatters are not generated yet",
-    "extern": "an ATen call (by definition)", "extern_effect": "an ATen call (by definition)",
-}
+NOT_RENDERED: dict[str, str] = dict(NOT_GENERATED)  # the ops neither backend generates
 
 
 def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from ...ir import Node
 from ...ir.types import is_float
+from ..body import NOT_GENERATED
 
 TL_DTYPE: dict[torch.dtype, str] = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -241,12 +242,7 @@ TEMPLATES: dict[str, str] = {
     "matmul": "tiled matmul with a fused epilogue (render_matmul.py)",
     "attention": "flash attention with a fused epilogue (render_attention.py)",
 }
-NOT_RENDERED: dict[str, str] = {
-    "argmax": "index reductions are not generated yet", "argmin": "index reductions are not generated yet",
-    "cumsum": "scans are not generated yet", "pad": "not generated yet", "scatter_slice": "not generated yet",
-    "index": "multi-axis indexing is not generated yet", "scatter_add": "scatters are not generated yet",
-    "extern": "an ATen call (by definition)", "extern_effect": "an ATen call (by definition)",
-}
+NOT_RENDERED: dict[str, str] = dict(NOT_GENERATED)  # the ops neither backend generates
 
 
 def supports(op: str) -> bool:
