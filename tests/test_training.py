@@ -137,3 +137,30 @@ def test_training_mode_batchnorm_buffers_are_updated():
     torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
     torch.testing.assert_close(m[1].running_var, ref[1].running_var)
     torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_concurrent_first_calls_with_gradients():
+    # two threads, two signatures: each traces its forward/backward (AOTAutograd tracing is not
+    # thread-safe, so traces take turns); results and gradients as eager's
+    import threading
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    compiled = novaforge.compile(model)
+    errors, ok = [], {}
+
+    def run(n: int) -> None:
+        try:
+            x = torch.randn(n, 8)
+            out = compiled(x)
+            ok[n] = torch.allclose(out, model(x), atol=1e-5)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in (3, 5, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert ok == {3: True, 5: True, 7: True}

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .frontend import pytrees
-from .frontend.capture import shadow_module
+from .frontend.capture import TRACING_LOCK, shadow_module
 
 # ---------------------------------------------------------------- differentiable calls
 
@@ -85,8 +85,12 @@ class TrainEntry:
     def run(self, tensors: list[torch.Tensor], objs: list[Any]) -> Any:
         params = [p for _, p in self.module.named_parameters()]
         buffers = [b for _, b in self.module.named_buffers()]
-        with self._lock:  # the first call traces (and sets out_spec); AOT's runtime is re-entrant after
-            outs = self.compiled(params, buffers, *tensors)
+        if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
+            with TRACING_LOCK, self._lock:
+                outs = self.compiled(params, buffers, *tensors)
+        else:
+            with self._lock:
+                outs = self.compiled(params, buffers, *tensors)
         assert self.out_spec is not None
         return pytrees.unflatten(self.out_spec, list(outs), inputs_objs=objs, inputs_tensors=tensors)
 

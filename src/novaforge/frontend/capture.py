@@ -104,6 +104,7 @@ CAPTURE_MODES = ("fx", "export")
 # flag that capture_fx sets): one capture at a time per process; other threads' eager code
 # keeps running.
 _CAPTURE_LOCK = threading.RLock()
+TRACING_LOCK = _CAPTURE_LOCK  # also held by other tracers of this package (training's AOTAutograd trace)
 
 
 def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
