@@ -50,7 +50,26 @@ ALIAS_CASES = {
     "result_and_view_of_it": lambda x: (lambda y: (y, y.view(-1)))(x * 2),
     "same_result_twice": lambda x: (lambda y: (y, y))(x.exp()),
     "input_and_fresh": lambda x: (x, x + 1),
+    # a view returned before its base, and views of a result that eager lays out transposed
+    "view_before_its_base": lambda x: (lambda y: (y[1], y.chunk(2, 1)[-1], y))(x * 2),
 }
+
+
+def check_views_of_a_transposed_result(backend: str) -> None:
+    """Eager lays `y` out transposed (it follows its input's strides) and returns views of it;
+    the program's `y` may be laid out otherwise, but the views must still share its storage and
+    see the same elements."""
+    def fn(x):
+        y = torch.minimum(torch.ones(1), x.t())
+        return y.chunk(3, 0)[-1], y, y[:, 2:]
+
+    x = torch.randn(4, 6)
+    got = novaforge.compile(fn, backend=backend)(x)
+    for g, w in zip(got, fn(x), strict=True):
+        torch.testing.assert_close(g, w)
+    assert {_storage(g) for g in got} == {_storage(got[1])}
+    got[1].fill_(7.0)
+    assert bool((got[0] == 7).all()) and bool((got[2] == 7).all())
 
 
 def check_aliasing(name: str, backend: str) -> None:
@@ -85,6 +104,44 @@ def check_input_mutation(backend: str) -> None:
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(x, xe)
     torch.testing.assert_close(y, ye)
+
+
+def check_expanded_input_mutation(backend: str) -> None:
+    """fill_ on an expanded (stride-0) input: eager writes its one element; so must the call."""
+    def fn(x):
+        x.fill_(3.0)
+        return x * 2
+
+    base, base_e = torch.zeros(1), torch.zeros(1)
+    out = novaforge.compile(fn, backend=backend)(base.expand(4))
+    torch.testing.assert_close(out, fn(base_e.expand(4)))
+    torch.testing.assert_close(base, base_e)
+
+
+def check_zero_size_operand_errors(backend: str) -> None:
+    """Zero-size products keep eager's errors and results: a float64 input to a float32 Linear
+    raises even with no rows; einsum over an empty contraction, which eager accepts in mixed
+    dtypes, either matches eager or is refused clearly."""
+    lin = torch.nn.Linear(7, 3)
+    c = novaforge.compile(lin, backend=backend)
+    with torch.no_grad():
+        x = torch.randn(0, 7, dtype=torch.float64)
+        with pytest.raises(RuntimeError):
+            lin(x)
+        with pytest.raises(RuntimeError):
+            c(x)
+
+    def ein(a, b):
+        return torch.einsum("...ij,ik->...jk", a, b)
+
+    a, b = torch.randn(0, 8, dtype=torch.float64), torch.randn(0, 4)
+    want = ein(a, b)
+    try:
+        got = novaforge.compile(ein, backend=backend)(a, b)
+    except novaforge.UnsupportedError as e:
+        assert "could not capture" in str(e)
+    else:
+        torch.testing.assert_close(got, want)
 
 
 def check_parameters_seen(backend: str, freeze: bool) -> None:

@@ -31,7 +31,7 @@ from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
-from .runtime.state import StateBinding, fresh_outputs
+from .runtime.state import StateBinding, fresh_outputs, write_back
 
 BACKENDS = ("auto", "interpret", "cpu", "triton")
 
@@ -241,8 +241,7 @@ class _Entry:
         if self.mut_targets:
             with torch.no_grad():
                 for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):
-                    dst = tensors[i] if kind == "user" else refs[i]
-                    dst.copy_(val)
+                    write_back(tensors[i] if kind == "user" else refs[i], val)
         if self.out_is_leaf:
             return results[0]
         spec = self.captured.out_spec

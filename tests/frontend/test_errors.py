@@ -148,3 +148,14 @@ def test_unsupported_mutation_of_a_view_is_an_error_or_correct() -> None:
         except (novaforge.UnsupportedError, novaforge.CaptureError):
             continue
         torch.testing.assert_close(out, f(x), rtol=0, atol=0)
+
+
+def test_data_dependent_shapes_are_a_clear_refusal() -> None:
+    # a boolean mask: an UnsupportedError naming the op; a size read from data: a CaptureError
+    # that is also an UnsupportedError (a clear refusal, not a crash of the tracer)
+    compiled = novaforge.compile(lambda x: x[x > 0].sum() * 2, backend="interpret")
+    with pytest.raises(novaforge.UnsupportedError, match="aten.index.Tensor"):
+        compiled(torch.randn(8))
+    with pytest.raises(novaforge.UnsupportedError) as info:
+        novaforge.compile(f_item_size, backend="interpret")(torch.randn(3, 4))
+    assert isinstance(info.value, novaforge.CaptureError)

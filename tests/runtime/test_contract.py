@@ -10,10 +10,13 @@ from contract_cases import (
     check_concurrent_first_calls,
     check_constant_output_not_shared,
     check_dtype_errors,
+    check_expanded_input_mutation,
     check_index_error,
     check_input_mutation,
     check_integer_pow,
     check_parameters_seen,
+    check_views_of_a_transposed_result,
+    check_zero_size_operand_errors,
 )
 
 BACKENDS = ["cpu", "interpret"]
@@ -59,3 +62,18 @@ def test_integer_pow(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_index_out_of_range_raises_index_error(backend):
     check_index_error(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expanded_input_mutated_as_eager(backend):
+    check_expanded_input_mutation(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_size_products_keep_eager_errors(backend):
+    check_zero_size_operand_errors(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_views_of_a_result_laid_out_otherwise_share_its_storage(backend):
+    check_views_of_a_transposed_result(backend)

@@ -28,7 +28,12 @@ from .lower import InputSpec, UnsupportedError, lower_fx
 
 
 class CaptureError(RuntimeError):
-    pass
+    """The model could not be traced into a graph."""
+
+
+class DataDependentError(CaptureError, UnsupportedError):
+    """Control flow or shapes that depend on tensor values: not traceable, and a clear refusal
+    (an UnsupportedError) rather than a failure of the tracer."""
 
 
 def user_frame(exc: BaseException) -> str:

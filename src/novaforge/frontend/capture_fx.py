@@ -98,42 +98,94 @@ def _spans(base: torch.Tensor, t: torch.Tensor) -> bool:
     return last < int(base.numel())
 
 
-def _alias_classifier(inputs: list[torch.Tensor], out_info: dict[str, Any]):
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t` covers its elements' storage exactly once from offset 0 (contiguous in some
+    order of its dimensions)."""
+    if t.storage_offset() != 0:
+        return False
+    expected = 1
+    for n, st in sorted(((int(n), int(st)) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1),
+                        key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _can_rebuild(base: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether result `t` can be rebuilt as a view of result `base`, the program's base being
+    contiguous or laid out as eager's (`pytrees.view_of_result`), and contiguous where eager's is."""
+    if not (_dense(base) and _spans(base, t)):
+        return False
+    if base.is_contiguous():
+        return True
+    contiguous = torch.empty(tuple(int(n) for n in base.shape), device="meta")
+    view = pytrees.view_of_result(contiguous, _layout(t), _layout(base))
+    # eager's contiguous views stay contiguous (a row of a transposed base would not)
+    return view is not None and (view.is_contiguous() or not t.is_contiguous())
+
+
+def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) -> list[pytrees.Spec | None]:
+    """For each result tensor in flattening order: how eager's result aliases an input or another
+    result (`in_view`, `out_ref`, `out_view`), or None for a fresh leaf. A view's base may come
+    before it or after it (`(y[0], y)`): leaf numbers count only the results that stay leaves."""
+    n = len(results)
+    kind: list[tuple | None] = [None] * n  # ("ref"|"view", result number) or ("in", input number)
+    for k, t in enumerate(results):
+        st = _storage(t)
+        same = next((j for j in range(k) if results[j] is t and kind[j] is None), None)
+        if same is not None:
+            kind[k] = ("ref", same)
+        elif st is not None and st in in_storage:
+            kind[k] = ("in", in_storage[st])
+    is_base = [False] * n
+    for k, t in enumerate(results):
+        st = _storage(t)
+        if kind[k] is not None or st is None or is_base[k]:
+            continue
+        bases = [j for j in range(n) if j != k and kind[j] is None and results[j] is not t
+                 and _storage(results[j]) == st and _can_rebuild(results[j], t)]
+        earlier = [j for j in bases if j < k]
+        if earlier:  # the first earlier base, as results are numbered
+            kind[k] = ("view", earlier[0])
+        elif bases:  # a later base: the largest one (the tensor the others are views of)
+            j = max(bases, key=lambda j: results[j].numel())
+            kind[k], is_base[j] = ("view", j), True
+    leaf_no, count = {}, 0
+    for k in range(n):
+        if kind[k] is None:
+            leaf_no[k], count = count, count + 1
+    out: list[pytrees.Spec | None] = []
+    for k, t in enumerate(results):
+        what = kind[k]
+        if what is None:
+            out.append(None)
+        elif what[0] == "ref":
+            j = leaf_no[what[1]]
+            out.append(pytrees.Spec("out_ref", index=j, key=("out_ref", j)))
+        elif what[0] == "in":
+            lay = _layout(t)
+            out.append(pytrees.Spec("in_view", value=lay, index=what[1], key=("in_view", what[1], lay)))
+        else:
+            j, lay = leaf_no[what[1]], (_layout(t), _layout(results[what[1]]))
+            out.append(pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay)))
+    return out
+
+
+def _alias_classifier(inputs: list[torch.Tensor], results: list[torch.Tensor], out_info: dict[str, Any]):
     """Which results eager returns as views of its inputs or of other results (the plain,
     non-functionalized trace sees real aliasing; a functionalized re-trace keeps what the
-    plain one found). A result that is a fresh tensor in eager is `None` here: the program
-    returns it fresh."""
-    if "aliases" in out_info:  # the functionalized re-trace: reuse the plain trace's findings
-        found = iter(out_info["aliases"])
-        return lambda t, leaves: next(found, None)
-    in_storage = {}
-    for i, t in enumerate(inputs):
-        st = _storage(t)
-        if st is not None:
-            in_storage.setdefault(st, i)
-    seen: list[Any] = []
-    out_info["aliases"] = seen
-
-    def classify(t: torch.Tensor, leaves: list[torch.Tensor]) -> pytrees.Spec | None:
-        spec = None
-        st = _storage(t)
-        for j, o in enumerate(leaves):
-            if o is t:
-                spec = pytrees.Spec("out_ref", index=j, key=("out_ref", j))
-                break
-        if spec is None and st is not None and st in in_storage:
-            lay = _layout(t)
-            spec = pytrees.Spec("in_view", value=lay, index=in_storage[st], key=("in_view", in_storage[st], lay))
-        if spec is None and st is not None:
-            for j, o in enumerate(leaves):
-                if _storage(o) == st and o.storage_offset() == 0 and o.is_contiguous() and _spans(o, t):
-                    lay = _layout(t)
-                    spec = pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay))
-                    break
-        seen.append(spec)
-        return spec
-
-    return classify
+    plain one found). `results` are all result tensors in flattening order. A result that is
+    a fresh tensor in eager is `None` here: the program returns it fresh."""
+    if "aliases" not in out_info:
+        in_storage: dict[Any, int] = {}
+        for i, t in enumerate(inputs):
+            st = _storage(t)
+            if st is not None:
+                in_storage.setdefault(st, i)
+        out_info["aliases"] = _alias_decisions(results, in_storage)
+    found = iter(out_info["aliases"])
+    return lambda t, leaves: next(found, None)
 
 
 def _fake_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -207,16 +259,38 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
     except Exception as e:
         from .capture import CaptureError
 
-        if isinstance(e, CaptureError):  # a tracing error: its message already names the user's frame
-            raise
+        if isinstance(e, CaptureError) or getattr(e, "_nf_from_tracing", False):
+            raise  # a tracing error: its message already names the user's frame
         return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True)
+
+
+def _traced(exc: BaseException) -> BaseException:
+    """Mark an error as raised while tracing, so the capture is not retried with stack traces."""
+    exc._nf_from_tracing = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _eager_error(traced, example: tuple) -> BaseException | None:
+    """The exception eager raises on the example inputs (None if it runs them). Only called after
+    tracing failed: it tells "eager rejects these inputs" (the compiled call raises the same error)
+    from "the tracer cannot follow eager here" (an UnsupportedError). It runs on copies of the
+    tensors, so neither the caller's inputs nor the module's state change."""
+    def copies(ts):
+        return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in ts]
+
+    try:
+        with torch.no_grad():
+            traced(copies(example[0]), copies(example[1]), copies(example[2]))
+    except Exception as e:  # noqa: BLE001 - eager's own verdict on the inputs
+        return e
+    return None
 
 
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                 fake: bool, stacks: bool):
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from .capture import Captured, CaptureError
+    from .capture import Captured, CaptureError, DataDependentError
 
     params = dict(mod.named_parameters())
     buffers = dict(mod.named_buffers())
@@ -229,9 +303,13 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
-        flat_out = pytrees.flatten(out, inputs_objs={id(o): i for i, o in enumerate(trace_objs)},
-                                   inputs_tensors={id(t): i for i, t in enumerate(tensor_args)},
-                                   tensor_alias=_alias_classifier(tensor_args, out_info))
+        in_objs = {id(o): i for i, o in enumerate(trace_objs)}
+        in_tensors = {id(t): i for i, t in enumerate(tensor_args)}
+        results: list[torch.Tensor] = []  # every result tensor, in flattening order
+        pytrees.flatten(out, inputs_objs=in_objs, inputs_tensors=in_tensors,
+                        tensor_alias=lambda t, leaves: results.append(t))
+        flat_out = pytrees.flatten(out, inputs_objs=in_objs, inputs_tensors=in_tensors,
+                                   tensor_alias=_alias_classifier(tensor_args, results, out_info))
         out_info["spec"] = flat_out.spec
         out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)
         return flat_out.leaves
@@ -263,8 +341,16 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         from .capture import user_frame
 
         where = user_frame(e)
-        raise CaptureError(f"could not capture {type(mod).__name__}{hint}{' at ' + where if where else ''}: "
-                           f"{type(e).__name__}: {head}") from e
+        at = f" at {where}" if where else ""
+        msg = f"could not capture {type(mod).__name__}{hint}{at}: {type(e).__name__}: {head}"
+        eager_exc = None if fake else _eager_error(traced, example)
+        if eager_exc is not None:  # eager raises on these inputs too: raise as eager does
+            raise _traced(eager_exc) from None
+        if dd:
+            raise _traced(DataDependentError(msg)) from e
+        if not fake:  # eager runs these inputs, the tracer cannot: a clear refusal, not a crash
+            raise _traced(UnsupportedError(msg)) from e
+        raise CaptureError(msg) from e
     t1 = time.perf_counter()
     if out_info.get("consts"):
         raise CaptureError(f"{type(mod).__name__} returns values novaforge cannot rebuild {out_info['consts'][:3]}; "

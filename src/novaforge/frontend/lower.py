@@ -28,6 +28,7 @@ import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, Node, TensorType, Value, make_node
 from ..ir.extern import encode
+from ..ir.ops.matmul import same_dtype_check
 from ..ir.types import DTYPE_SHORT, is_float, normalize_axis, normalize_device, opmath_dtype
 
 __all__ = ["InputSpec", "LowerCtx", "UnsupportedError", "lower_fx", "opmath_dtype"]
@@ -341,6 +342,10 @@ def _index_add_dtypes(ctx: LowerCtx, x, dim, index, source, *args, **kwargs) -> 
 # ATen op -> eager's argument check (raises as eager does), run before any lowering of the op
 ARG_CHECKS: dict[Any, Any] = {
     torch.ops.aten.index_add.default: _index_add_dtypes,
+    **{op: same_dtype_check for op in (
+        torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default,
+        torch.ops.aten.mv.default, torch.ops.aten.dot.default, torch.ops.aten.addmm.default,
+        torch.ops.aten.baddbmm.default, torch.ops.aten.addmv.default, torch.ops.aten.linear.default)},
 }
 
 

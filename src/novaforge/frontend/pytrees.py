@@ -18,7 +18,8 @@ A `Spec` is a tree of nodes:
 * `in_view` (outputs only): the result is a view of input tensor `index` with the size, stride
   and storage offset in `value` (eager returned a view of its input: rebuilt by `as_strided`);
 * `out_ref` / `out_view` (outputs only): the result is the same tensor as result leaf `index`,
-  or a view of it (`value` as for `in_view`): eager's results alias each other.
+  or a view of it (`value`: the view's and its base's layouts in eager, `view_of_result`):
+  eager's results alias each other.
 
 Invariants: `unflatten(spec, flatten(x).leaves)` rebuilds a structure equal to `x` (objects
 as fresh instances of their classes, or the caller's own objects for `in_obj` nodes, updated
@@ -151,7 +152,9 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
         if s.kind == "out_ref":
             return leaves[s.index]
         if s.kind == "out_view":
-            return leaves[s.index].as_strided(*s.value)
+            view = view_of_result(leaves[s.index], *s.value)
+            # a base laid out so that the view cannot follow it: the right values, unshared
+            return view if view is not None else view_of_result(leaves[s.index].contiguous(), *s.value)
         if s.kind == "ref":
             return built[s.index]
         if s.kind in ("obj", "in_obj"):
@@ -170,6 +173,36 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
         return pytree.SUPPORTED_NODES[s.type].unflatten_fn([go(k) for k in s.children], s.context)
 
     return go(spec)
+
+
+def view_of_result(base: torch.Tensor, view_layout: tuple, base_layout: tuple) -> torch.Tensor | None:
+    """The view of `base` that eager's view (size, stride, offset `view_layout`) is of eager's
+    base (`base_layout`, dense and non-overlapping at offset 0), whatever `base`'s own strides:
+    each storage position maps to an index of the base, and the view's strides must each step
+    along one base dimension without carrying into the next. None when they do not."""
+    size, stride, offset = view_layout
+    b_size, b_stride = base_layout[0], base_layout[1]
+    if tuple(base.shape) == tuple(b_size) and tuple(base.stride()) == tuple(b_stride):
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+    start = [(offset // st) % n if n > 1 else 0 for n, st in zip(b_size, b_stride, strict=True)]
+    reach = list(start)
+    new_stride = []
+    for n, st in zip(size, stride, strict=True):
+        if n <= 1:
+            new_stride.append(0 if n == 1 else 1)
+            continue
+        dims = [d for d, (bn, bs) in enumerate(zip(b_size, b_stride, strict=True)) if bn > 1 and st % bs == 0
+                and st // bs < bn]
+        if not dims:
+            return None
+        d = max(dims, key=lambda d: b_stride[d])
+        step = st // b_stride[d]
+        reach[d] += (n - 1) * step
+        new_stride.append(step * base.stride(d))
+    if any(r >= n for r, n in zip(reach, b_size, strict=True) if n > 1):
+        return None
+    new_offset = base.storage_offset() + sum(i * base.stride(d) for d, i in enumerate(start))
+    return base.as_strided(size, new_stride, new_offset)
 
 
 def non_plain_consts(spec: Spec) -> list[Any]:

@@ -39,27 +39,15 @@ TAG = "@@nf-fuzz "
 # fuzzer and reported to the owners of the code at fault (docs/debugging.md lists reproducers).
 # They are counted apart so CI fails only on new ones; delete an entry when its fix lands.
 KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("crash", r"Mask argument cannot be block type", ("triton",),
-     "codegen/triton: a cat load of one-element pieces masks a scalar pointer"),
     ("layout", r"not contiguous \(strides \(0,", ("triton",),
      "triton program returns an expand view of its private input copy (x.repeat of a strided input)"),
     ("alias", r"do not share storage, eager's do", ("cpu", "triton", "interpret"),
-     "frontend/pytrees.py: an output that is a view of a later output is returned as a copy"),
-    ("crash", r"ufunc .{0,2}bitwise_and.{0,2} not supported", ("triton",),
-     "codegen/triton/exprs.py _pow helper (float pow by a non-integer scalar) fails in the interpreter"),
-    ("crash", r"more than one element of the written-to tensor refers to a single memory location", ("cpu", "triton"),
-     "api.py write-back of a mutated input into an expanded (stride-0) input; eager's fill_ accepts it"),
-    ("no_error", r"(m1 and m2|mat1 and mat2) (to have|must have) the same dtype", ("cpu", "triton", "interpret"),
-     "frontend: a zero-size matmul becomes a fill before its operands' dtypes are checked"),
-    ("crash", r"could not capture Prog: RuntimeError: expected scalar type", ("cpu", "triton", "interpret"),
-     "frontend/capture_fx.py: a zero-size float64 @ float32 matmul (eager accepts it) fails capture"),
+     "frontend/capture_fx.py: results that are views of an intermediate the program does not return "
+     "(y[0], y[1:] of an unreturned y) come back as unshared copies"),
     ("layout", r"is not contiguous", ("triton",),
      "triton program: x.transpose(..).contiguous() of an expanded input returned as a strided view"),
     ("layout", r"is not contiguous", ("interpret",),
      "backend='interpret': results computed from a transposed copy (x.t().contiguous() ** 2) keep its strides"),
-    ("crash", r"GuardOnDataDependentSymNode", ("cpu", "triton", "interpret"),
-     "frontend/capture_fx.py: boolean-mask indexing followed by a reduction is a CaptureError, not an "
-     "UnsupportedError naming aten.index.Tensor"),
 ]
 
 

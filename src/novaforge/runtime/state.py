@@ -110,3 +110,17 @@ def _ptr(t: torch.Tensor) -> int:
     if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.numel() == 0:
         return 0
     return t.untyped_storage().data_ptr()
+
+
+def write_back(dst: torch.Tensor, val: torch.Tensor) -> None:
+    """Store a mutated input's new value `val` into the caller's tensor `dst`, as eager's in-place
+    op left it. An expanded `dst` (stride 0 over a dimension of size > 1) holds one element for
+    all positions of that dimension; eager only mutates it with ops that give them one value
+    (`fill_`, `zero_`), so storing position 0 of `val` there is exact, where a plain `copy_`
+    refuses to write overlapping memory."""
+    if any(st == 0 and sz > 1 for sz, st in zip(dst.shape, dst.stride(), strict=True)):
+        val = val.expand(dst.shape)
+        for d, (sz, st) in enumerate(zip(dst.shape, dst.stride(), strict=True)):
+            if st == 0 and sz > 1:
+                dst, val = dst.narrow(d, 0, 1), val.narrow(d, 0, 1)
+    dst.copy_(val)

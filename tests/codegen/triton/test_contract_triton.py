@@ -8,9 +8,11 @@ from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
     check_constant_output_not_shared,
+    check_expanded_input_mutation,
     check_input_mutation,
     check_integer_pow,
     check_parameters_seen,
+    check_views_of_a_transposed_result,
 )
 
 pytestmark = pytest.mark.triton
@@ -36,3 +38,11 @@ def test_reassigned_and_updated_parameters_are_seen(freeze):
 
 def test_integer_pow():
     check_integer_pow("triton")
+
+
+def test_expanded_input_mutated_as_eager():
+    check_expanded_input_mutation("triton")
+
+
+def test_views_of_a_result_laid_out_otherwise_share_its_storage():
+    check_views_of_a_transposed_result("triton")

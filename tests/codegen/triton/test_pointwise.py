@@ -93,6 +93,20 @@ def test_integer_and_float64_to_16_bit_casts():
           i, d, atol=0, rtol=2**-7)
 
 
+def test_one_element_gathers_and_cat_pieces():
+    # the index or piece address does not depend on the lane: it must still be a block under a block mask
+    x, i = torch.randn(1), torch.zeros(1, dtype=torch.long)
+    check(lambda x, i: torch.gather(x, 0, i), x, i)
+    check(lambda x: torch.stack([x, x], 0), x)
+    check(lambda x, y: torch.cat([x, y * 2], 0), x, torch.randn(3), all_triton=False)
+
+
+def test_float_pow_by_a_non_integer_constant():
+    x = torch.tensor([-float("inf"), -2.0, -0.0, 0.0, 0.5, 2.0, float("inf"), float("nan")])
+    for e in (1.5, -1.5, 0.25):
+        check(lambda x: x ** e, x, atol=1e-6, rtol=1e-6)
+
+
 def test_zero_size_tensors():
     check(lambda x: x * 2 + 1, torch.randn(0, 5), all_triton=False)
 

@@ -197,6 +197,8 @@ class BodyEmitter:
                 else:
                     mask = self.mask_for(used | coord_lanes)
                     full = " & ".join(m for m in (sel, mask) if m)
+                    if full and not used:  # a one-element piece: the pointer takes the mask's block shape
+                        off = f"{off} + 0 * {ca}"
                     text = f"tl.load({self.ptrs[p.leaf.buf]} + {off}" + (f", mask={full}, other=0)" if full else ")")
                     if p.leaf.dtype in (torch.float16, torch.bfloat16):
                         text += ".to(tl.float32)"

@@ -162,6 +162,11 @@ def _pow(a, n, c):
             return f"tl.sqrt({a[0]})"
         if e == -0.5 and is_float(dt):
             return f"tl.rsqrt({a[0]})"
+        if is_float(dt) and math.isfinite(e) and e != int(e):
+            # a non-integer constant exponent: NaN for negative bases, C's pow(-inf, e) at -inf
+            x, at_neg_inf = a[0], "_INF" if e > 0 else "0.0"
+            r = f"tl.exp2({e!r} * tl.log2(tl.abs({x})))"
+            return f"tl.where({x} == _NEG_INF, {at_neg_inf}, tl.where({x} < 0, _NAN, {r}))"
     if dt == torch.bool:
         return None
     if not is_float(dt):

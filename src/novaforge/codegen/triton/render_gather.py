@@ -23,6 +23,13 @@ def _coord(space: tuple[int, ...], d: int) -> str:
     return linear_offset("x", [(n, 1 if i == d else 0) for i, n in enumerate(space)])
 
 
+def _lane_offset(em: BodyEmitter, strides: tuple[int, ...], base: int) -> tuple[str, set]:
+    """em.offset, as a block over the lane even where it does not depend on it (size-1 spaces),
+    so that a block mask can guard the load."""
+    off, used = em.offset(strides, base)
+    return (off if used else f"{off} + 0 * x"), used
+
+
 def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     node = info.anchor
     x, idx = node.inputs
@@ -32,7 +39,7 @@ def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     ri = idx.type.rank
     i_strides = (0,) * ax + tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
     i_strides += (0,) * (len(space) - ax - ri)
-    off_i, used_i = em.offset(i_strides, li.layout.offset)
+    off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
     em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(lx.layout.strides[:ax]) + (0,) * ri + tuple(lx.layout.strides[ax + 1:])
@@ -52,7 +59,7 @@ def _emit_gather(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     lx, li = info.leaves[x], info.leaves[idx]
     ax = node.attrs["axis"]
     i_strides = tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
-    off_i, used_i = em.offset(i_strides, li.layout.offset)
+    off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
     em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(0 if d == ax else s for d, s in enumerate(lx.layout.strides))
@@ -79,7 +86,7 @@ def _emit_cat(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
         leaf = info.leaves[v]
         strides = tuple(0 if size == 1 and d != ax else st
                         for d, (size, st) in enumerate(zip(leaf.layout.shape, leaf.layout.strides, strict=True)))
-        off, _ = em.offset(strides, leaf.layout.offset - start * strides[ax])
+        off, _ = _lane_offset(em, strides, leaf.layout.offset - start * strides[ax])
         sel = f"(ca >= {start}) & (ca < {start + n})"
         m = f"{sel} & {mask}" if mask else sel
         text = f"tl.load({em.ptrs[leaf.buf]} + {off}, mask={m}, other=0)"

@@ -63,9 +63,11 @@ def operands(ctx, *args):
     return [ctx.cast(v, dt) for v in vals]
 
 
-def _same_dtype(ctx, *args) -> None:
-    """Eager's matrix products require one dtype for all operands (a float64 or int64 input to a
-    float32 nn.Linear raises there), so they raise here too, as RuntimeError."""
+def same_dtype_check(ctx, *args, **_kwargs) -> None:
+    """Eager's matrix products require one dtype for all tensor operands (a float64 or int64 input
+    to a float32 nn.Linear raises there, zero-size or not), so they raise here too, as RuntimeError.
+    The frontend runs it before lowering (frontend/lower.py ARG_CHECKS)."""
+    args = [a for a in args if isinstance(a, torch.fx.Node)]
     dtypes = {ctx.val(a).type.dtype for a in args if a is not None}
     if len(dtypes) > 1:
         a, b = sorted(dtypes, key=str)[:2]
@@ -74,7 +76,6 @@ def _same_dtype(ctx, *args) -> None:
 
 @matmul_.lowers(aten.mm.default, aten.bmm.default, aten.matmul.default, aten.mv.default, aten.dot.default)
 def _lower_mm(ctx, a, b):
-    _same_dtype(ctx, a, b)
     x, y = operands(ctx, a, b)
     return matmul(ctx, x, y)
 
@@ -85,7 +86,6 @@ def _scaled(ctx, v, s):
 
 @matmul_.lowers(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def _lower_addmm(ctx, bias, a, b, *, beta=1, alpha=1):
-    _same_dtype(ctx, bias, a, b)
     x, y = operands(ctx, a, b)
     out = _scaled(ctx, matmul(ctx, x, y), alpha)
     if beta == 0:
@@ -96,7 +96,6 @@ def _lower_addmm(ctx, bias, a, b, *, beta=1, alpha=1):
 
 @matmul_.lowers(aten.linear.default)
 def _lower_linear(ctx, x, weight, bias=None):
-    _same_dtype(ctx, x, weight, bias)
     v, w = operands(ctx, x, weight)
     wt = ctx.permute(w, (1, 0)) if w.type.rank == 2 else w
     out = matmul(ctx, v, wt)
