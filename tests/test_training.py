@@ -58,6 +58,29 @@ def test_compile_step_losses_equal_eager(opt_name):
         torch.testing.assert_close(p, q, atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("opt_name", ["adamw", "sgd_momentum"])
+def test_compile_step_updates_parameters_and_state_in_place(opt_name):
+    # the update kernels write into the parameters' and moments' own buffers: no fresh result
+    # per parameter and no copy at the write-back; the same values as with inplace=False
+    a, b = _pair()
+    oa, ob = OPTIMIZERS[opt_name](a.parameters()), OPTIMIZERS[opt_name](b.parameters())
+    step = novaforge.compile_step(a, oa, backend="cpu")
+    ref = novaforge.compile_step(b, ob, backend="cpu", inplace=False)
+    ptrs = [p.data_ptr() for p in a.parameters()]
+    for x, y in _batches()[:3]:
+        assert step(x, y).item() == ref(x, y).item()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert [p.data_ptr() for p in a.parameters()] == ptrs
+    stats = next(iter(step._compiled.values())).stats()
+    prog, graph = stats.program, stats.graph
+    written = sum(1 for s in prog.slots if s.kind == "input" and s.written)
+    # every parameter, moment and step count (the order pass puts each update after the
+    # backward matmuls that read the old weight); the loss is the one fresh result
+    assert written == len(graph.mutations) == len(list(a.parameters())) * (4 if opt_name == "adamw" else 2)
+    assert sum(1 for s in prog.slots if s.kind == "fresh") == 1
+
+
 def test_compile_step_accumulation_clipping_and_lr_schedule():
     a, b = _pair()
     oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)

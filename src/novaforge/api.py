@@ -103,9 +103,16 @@ class CompiledModule:
             with self._lock:
                 entry = self._programs.get(key)
                 if entry is None or not entry.binding.refresh():
-                    # new signature, or a reassigned / re-laid-out / changed frozen parameter
-                    entry = self._compile(args, kwargs)
+                    # new signature, or a reassigned / re-laid-out / changed frozen parameter;
+                    # traced on distinct tensors: a program never assumes two inputs are one
+                    entry = self._compile(*_distinct(args, kwargs, tensors))
                     self._programs[key] = entry
+        if entry.mut_targets and _share_memory(tensors, entry.binding.refs):
+            # the program mutates an input that another input (or a parameter) shares memory
+            # with: its functional graph cannot see the second name change, eager can
+            _log_runtime.warning("novaforge: inputs share memory and the graph mutates one of them: this call "
+                                 "runs eagerly")
+            return self.fn(*args, **kwargs)
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
 
     def _trains(self, tensors: list[torch.Tensor]) -> bool:
@@ -248,6 +255,25 @@ class _Entry:
         if isinstance(spec, pytrees.Spec):
             return pytrees.unflatten(spec, list(results), inputs_objs=objs, inputs_tensors=tensors)
         return pytree.tree_unflatten(list(results), spec)
+
+
+def _distinct(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
+    """`args, kwargs` with tensors copied where the call's tensors share memory."""
+    if not _share_memory(tensors, []):
+        return args, kwargs
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), (args, kwargs))
+
+
+def _share_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]) -> bool:
+    """Whether two of the call's tensors (inputs, parameters, buffers) share storage."""
+    seen: set[int] = set()
+    for t in (*tensors, *refs):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
+            p = t.untyped_storage().data_ptr()
+            if p in seen:
+                return True
+            seen.add(p)
+    return False
 
 
 def resolve_backend(backend: str, graph: Graph) -> str:

@@ -13,6 +13,7 @@ from contract_cases import (
     check_expanded_input_mutation,
     check_index_error,
     check_input_mutation,
+    check_inputs_sharing_memory,
     check_integer_pow,
     check_parameters_seen,
     check_views_of_a_transposed_result,
@@ -77,3 +78,8 @@ def test_zero_size_products_keep_eager_errors(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_views_of_a_result_laid_out_otherwise_share_its_storage(backend):
     check_views_of_a_transposed_result(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_sharing_memory_mutated_as_eager(backend):
+    check_inputs_sharing_memory(backend)

@@ -133,7 +133,7 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
     kind: list[tuple | None] = [None] * n  # ("ref"|"view", result number) or ("in", input number)
     for k, t in enumerate(results):
         st = _storage(t)
-        same = next((j for j in range(k) if results[j] is t and kind[j] is None), None)
+        same = next((j for j in range(k) if results[j] is t), None)
         if same is not None:
             kind[k] = ("ref", same)
         elif st is not None and st in in_storage:
@@ -151,6 +151,11 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
         elif bases:  # a later base: the largest one (the tensor the others are views of)
             j = max(bases, key=lambda j: results[j].numel())
             kind[k], is_base[j] = ("view", j), True
+    same_as: dict[int, int] = {}  # the same tensor again, where its first occurrence became a view
+    for k in range(n):
+        what = kind[k]
+        if what is not None and what[0] == "ref" and kind[what[1]] is not None:
+            kind[k], same_as[k] = kind[what[1]], what[1]
     leaf_no, count = {}, 0
     for k in range(n):
         if kind[k] is None:
@@ -158,7 +163,9 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
     out: list[pytrees.Spec | None] = []
     for k, t in enumerate(results):
         what = kind[k]
-        if what is None:
+        if k in same_as:  # one Spec object: unflatten rebuilds it once, so both are one tensor
+            out.append(out[same_as[k]])
+        elif what is None:
             out.append(None)
         elif what[0] == "ref":
             j = leaf_no[what[1]]

@@ -137,6 +137,15 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
     (`inputs_objs`), whose attributes are set to the rebuilt values; `in_tensor` nodes are the
     caller's tensors. `objs_out`, when given, receives every object rebuilt, by number."""
     built: dict[int, Any] = {}
+    views: dict[int, torch.Tensor] = {}
+
+    def _view(s: Spec) -> torch.Tensor:
+        if s.kind == "in_view":
+            assert inputs_tensors is not None
+            return inputs_tensors[s.index].as_strided(*s.value)
+        view = view_of_result(leaves[s.index], *s.value)
+        # a base laid out so that the view cannot follow it: the right values, unshared
+        return view if view is not None else view_of_result(leaves[s.index].contiguous(), *s.value)
 
     def go(s: Spec) -> Any:
         if s.kind == "tensor":
@@ -146,15 +155,12 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
         if s.kind == "in_tensor":
             assert inputs_tensors is not None
             return inputs_tensors[s.index]
-        if s.kind == "in_view":
-            assert inputs_tensors is not None
-            return inputs_tensors[s.index].as_strided(*s.value)
+        if s.kind in ("in_view", "out_view"):  # one Spec object met twice is one tensor twice
+            if id(s) not in views:
+                views[id(s)] = _view(s)
+            return views[id(s)]
         if s.kind == "out_ref":
             return leaves[s.index]
-        if s.kind == "out_view":
-            view = view_of_result(leaves[s.index], *s.value)
-            # a base laid out so that the view cannot follow it: the right values, unshared
-            return view if view is not None else view_of_result(leaves[s.index].contiguous(), *s.value)
         if s.kind == "ref":
             return built[s.index]
         if s.kind in ("obj", "in_obj"):

@@ -4,11 +4,16 @@ Greedy list scheduling over the top-level nodes: among ready nodes pick the one 
 the most bytes minus what it allocates, ties broken by the original order (which keeps the
 model's locality). The new order is kept only if its planned peak of live intermediate bytes
 is lower than the original order's; the pass reports both.
+
+A node that computes a mutated graph input's new value is placed after every other reader of
+the input's old value (and of its views) where the dependences allow it, in both orders: the
+backend may then compute the new value into the input's own buffer (an optimizer step updates
+a weight after the backward matmul that reads it, so the update needs no fresh buffer).
 """
 
 from __future__ import annotations
 
-from ..ir import Graph, Node, Value
+from ..ir import OPS, Graph, Node, Value
 from .context import PassContext
 
 
@@ -28,12 +33,78 @@ def _peak(nodes: list[Node], escaping: set[Value]) -> int:
     return peak
 
 
+def _update_after_readers(graph: Graph, nodes: list[Node], deps: list[set[int]]) -> int:
+    """Add to `deps` (node -> nodes it must follow) an edge from each other reader of a mutated
+    input's old value to the node computing its new value, unless the reader depends on that
+    node (the edge would close a cycle). Returns the number of edges added."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    root: dict[Value, Value] = {}
+    for n in nodes:
+        if OPS[n.op].has("view"):
+            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    readers: dict[Value, set[int]] = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            readers.setdefault(root.get(v, v), set()).add(i)
+    users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    added = 0
+    for old, new in graph.mutations:
+        u = producer.get(new)
+        if u is None or nodes[u].op != "kernel":
+            continue
+        after_u, stack = set(), [u]  # everything that depends on u
+        while stack:
+            for w in users[stack.pop()]:
+                if w not in after_u:
+                    after_u.add(w)
+                    stack.append(w)
+        for r in readers.get(old, ()):
+            if r != u and r not in after_u and r not in deps[u]:
+                deps[u].add(r)
+                users[r].append(u)
+                added += 1
+    return added
+
+
+def _stable_topological(deps: list[set[int]]) -> list[int]:
+    """The original order, moved only where an added edge requires it."""
+    import heapq
+
+    pending = [len(d) for d in deps]
+    users: dict[int, list[int]] = {i: [] for i in range(len(deps))}
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    ready = [i for i, p in enumerate(pending) if p == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        i = heapq.heappop(ready)
+        out.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    return out
+
+
 def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx = ctx or PassContext()
     nodes = list(graph.nodes)
     escaping = set(graph.outputs) | {new for _, new in graph.mutations}
     producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
     deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
+    anti = _update_after_readers(graph, nodes, deps) if graph.mutations else 0
+    if anti:
+        ctx.count("updates_after_readers", anti)
+        nodes = [nodes[i] for i in _stable_topological(deps)]  # the baseline, updates moved last
+        graph = Graph(graph.inputs, nodes, graph.outputs, graph.mutations, graph.meta)
+        producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+        deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
+        _update_after_readers(graph, nodes, deps)
     users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
     remaining_uses: dict[Value, int] = {}
     for i, n in enumerate(nodes):

@@ -11,7 +11,8 @@ Built once by the CPU backend from the planned graph:
   to back; `matmul` / `sdpa` call the library through precomputed strided views; `torch` runs
   a kernel body through the interpreter's torch ops and copies the result into its buffers.
 
-Per call the program binds inputs (made contiguous), allocates the fresh outputs (outputs are
+Per call the program binds inputs (made contiguous; an input that a kernel updates in place is
+copied when another input shares its memory), allocates the fresh outputs (outputs are
 never views of the arena, which the next call overwrites), writes their addresses into the
 slot array and runs the steps. Returns outputs then mutated inputs' new values, exactly like
 `runtime.interpret.interpret`.
@@ -72,6 +73,7 @@ class SlotSpec:
     type: TensorType
     index: int = 0  # input position | arena/scratch byte offset | fresh output position
     tensor: torch.Tensor | None = None  # const
+    written: bool = False  # input: a kernel writes the input's new value into its buffer
 
     def __post_init__(self) -> None:
         self.kind = SlotKind(self.kind)
@@ -143,6 +145,7 @@ class CpuProgram:
         self._env: list[torch.Tensor | None] = [None] * len(slots)
         self._lock = threading.Lock()
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
+        self._written: list[int] = []  # positions of inputs whose buffer a kernel writes
         self._fresh: list[tuple[int, TensorType]] = []
         self._runners: list[Callable[[], None]] = []
         self._out_slots: list[int] | None = None
@@ -180,6 +183,8 @@ class CpuProgram:
                 self._ptrs[s] = base + spec.index
             elif spec.kind == "input":
                 self._inputs.append((s, spec.index, spec.type))
+                if spec.written:
+                    self._written.append(spec.index)
             elif spec.kind == "fresh":
                 self._fresh.append((s, spec.type))
         self._runners = [self._make_runner(st) for st in self.steps]
@@ -270,10 +275,13 @@ class CpuProgram:
             if not self._ready:
                 self._materialize()
             env, ptrs = self._env, self._ptrs
+            shared = self._shared_written_inputs(inputs) if self._written else ()
             for s, i, ty in self._inputs:
                 t = inputs[i]
                 if not t.is_contiguous():
                     t = t.contiguous()
+                elif i in shared:  # written in place but another input reads the same memory
+                    t = t.clone()
                 if t.dtype != ty.dtype or t.shape != ty.shape:
                     raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
                 env[s] = t
@@ -298,6 +306,17 @@ class CpuProgram:
             self.calls += 1
             self.run_s += time.perf_counter() - t_run
         return result
+
+    def _shared_written_inputs(self, inputs: Sequence[torch.Tensor]) -> set[int]:
+        """Inputs written in place whose storage another input shares (the caller passed one
+        tensor twice, or views of one): those are bound as copies, so that no kernel reads
+        memory an in-place kernel has already overwritten; the write-back stores the copy."""
+        owners: dict[int, int] = {}
+        for t in inputs:
+            p = t.untyped_storage().data_ptr() if t.numel() else 0
+            owners[p] = owners.get(p, 0) + 1
+        return {i for i in self._written
+                if inputs[i].numel() and owners.get(inputs[i].untyped_storage().data_ptr(), 0) > 1}
 
     def _output(self, o: OutputSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         if o.kind == "slot":

@@ -115,12 +115,21 @@ def _ptr(t: torch.Tensor) -> int:
 def write_back(dst: torch.Tensor, val: torch.Tensor) -> None:
     """Store a mutated input's new value `val` into the caller's tensor `dst`, as eager's in-place
     op left it. An expanded `dst` (stride 0 over a dimension of size > 1) holds one element for
-    all positions of that dimension; eager only mutates it with ops that give them one value
-    (`fill_`, `zero_`), so storing position 0 of `val` there is exact, where a plain `copy_`
-    refuses to write overlapping memory."""
+    all positions of that dimension: where `val` gives them one value (`fill_`, `zero_` of the
+    whole input) storing it there is exact, where a plain `copy_` refuses to write overlapping
+    memory; where it gives them different values (a partial write), eager's result depends on
+    its order of writes, and this raises UnsupportedError rather than guess."""
     if any(st == 0 and sz > 1 for sz, st in zip(dst.shape, dst.stride(), strict=True)):
         val = val.expand(dst.shape)
         for d, (sz, st) in enumerate(zip(dst.shape, dst.stride(), strict=True)):
             if st == 0 and sz > 1:
-                dst, val = dst.narrow(d, 0, 1), val.narrow(d, 0, 1)
+                first = val.narrow(d, 0, 1)
+                if not torch.equal(val, first.expand_as(val)):
+                    from ..frontend.lower import UnsupportedError
+
+                    raise UnsupportedError(
+                        "an in-place op wrote different values to positions of an expanded (stride-0) input that "
+                        "share one memory element (for example x.expand(n)[1:].zero_()); eager's result depends "
+                        "on its order of writes, which novaforge does not reproduce: clone the input first")
+                dst, val = dst.narrow(d, 0, 1), first
     dst.copy_(val)

@@ -10,6 +10,7 @@ from contract_cases import (
     check_constant_output_not_shared,
     check_expanded_input_mutation,
     check_input_mutation,
+    check_inputs_sharing_memory,
     check_integer_pow,
     check_parameters_seen,
     check_views_of_a_transposed_result,
@@ -46,3 +47,7 @@ def test_expanded_input_mutated_as_eager():
 
 def test_views_of_a_result_laid_out_otherwise_share_its_storage():
     check_views_of_a_transposed_result("triton")
+
+
+def test_inputs_sharing_memory_mutated_as_eager():
+    check_inputs_sharing_memory("triton")

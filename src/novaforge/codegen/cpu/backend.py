@@ -66,14 +66,14 @@ class CpuBackend:
         return detect_cpu_target()
 
     def plan(self, kernel: Kernel, target: CpuTarget | None = None,
-             const_bufs: frozenset[int] = frozenset()) -> KernelPlan:
+             const_bufs: frozenset[int] = frozenset(), written_outs: frozenset[int] = frozenset()) -> KernelPlan:
         target = target or self.target()
-        key = f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}"
+        key = f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}|{sorted(written_outs)}"
         p = self._plans.get(key)
         if p is None:
             if len(self._plans) > 4096:  # a long-running process compiling many graphs
                 self._plans.clear()
-            p = plan_kernel(kernel, target, const_bufs)
+            p = plan_kernel(kernel, target, const_bufs, written_outs)
             self._plans[key] = p
         bad = [self._unrenderable[g.fn] for g in (p.gen, getattr(p, "anchor_gen", None))
                if g is not None and g.fn in self._unrenderable]
@@ -104,7 +104,7 @@ class CpuBackend:
     def _build(self, graph: Graph, options: Options) -> CpuProgram:
         t0 = time.perf_counter()
         target = self.target()
-        layout = _Layout(graph)
+        layout = _Layout(graph, inplace=options.inplace)
         steps: list[StepSpec] = []
         segments: list[tuple[str, list[tuple[str, list[int]]]]] = []
         gens: dict[str, GenKernel] = {}
@@ -136,7 +136,9 @@ class CpuBackend:
             ins = [layout.slot_of(v) for v in n.inputs]
             outs = [layout.slot_of(o) for o in n.outputs]
             consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
-            plan = self.plan(kernel, target, consts if use_packing else frozenset())
+            # outputs computed into a mutated input's buffer: the library never writes raw results there
+            written = frozenset(j for j, s in enumerate(outs) if layout.slots[s].kind == "input")
+            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written)
             desc = _describe_plan(plan)
             if kernel.structural_key not in schedules:
                 _log_schedule.info("%s [%s]: %s", kernel.name, kernel.kind, desc)
@@ -334,7 +336,7 @@ _SHARED_PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 class _Layout:
     """Slots of a graph's buffers: constants, inputs, arena offsets, fresh outputs, scratch."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, inplace: bool = True) -> None:
         plan = graph.meta.memory_plan
         if plan is None:
             raise ValueError("the CPU backend needs a memory-planned graph (run the full pipeline)")
@@ -363,6 +365,7 @@ class _Layout:
         self.inplace: dict[int, str] = {}
         self._inplace_of: dict[Value, Value] = {}
         updates = _inplace_updates(graph, self._input_pos)
+        pointwise_updates = _pointwise_updates(graph, self._input_pos) if inplace else {}
         for n in graph.nodes:
             if n.op != "kernel":
                 src, chain = self._views.get(n.inputs[0], (n.inputs[0], ()))
@@ -373,9 +376,16 @@ class _Layout:
                 self.inplace[id(n)] = target
                 self._slot[n.outputs[0]] = self._slot[x]
                 self._inplace_of[n.outputs[0]] = x
+                self.slots[self._slot[x]].written = True
                 continue
+            into = pointwise_updates.get(id(n), {})
             for o in n.outputs:
-                if o in plan.fresh:
+                if o in into:  # a mutated input's new value, computed into the input's own buffer
+                    x = into[o]
+                    self._slot[o] = self._slot[x]
+                    self._inplace_of[o] = x
+                    self.slots[self._slot[x]].written = True
+                elif o in plan.fresh:
                     self._slot[o] = self._add(SlotSpec("fresh", o.type, index=fresh))
                     fresh += 1
                 elif o in plan.offsets:
@@ -500,6 +510,51 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
             continue
         out[id(n)] = (target, x)
     return out
+
+
+def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, dict[Value, Value]]:
+    """Pointwise kernels and matmul epilogues (by id) that may write a mutated graph input's new
+    value into the input's own buffer: the kernel reads the input only elementwise at the output's
+    shape (each element is read before its own lane writes it; the matmul's operands are not the
+    input), nothing after the kernel reads the old value or a view of it, and the input is not a
+    graph output. The library never stores its raw matmul result there (`plan_kernel`'s
+    `written_outs`). An optimizer step's parameters and moments are
+    then updated in place, with no fresh buffer and no copy at the write-back."""
+    new_of = {new: old for old, new in graph.mutations}
+    root: dict[Value, Value] = {}
+    for n in graph.nodes:  # top-level views read their source's memory
+        if OPS[n.op].has("view"):
+            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    later_use: dict[Value, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            later_use[root.get(v, v)] = i
+    out: dict[int, dict[Value, Value]] = {}
+    taken: set[Value] = set()
+    for i, n in enumerate(graph.nodes):
+        # pointwise kernels and matmul epilogues run one pass, each lane reading its own element
+        # (a reduction kernel may read its input again after its first stores)
+        if n.op != "kernel" or n.attrs["kernel"].kind not in ("pointwise", "matmul"):
+            continue
+        body = n.attrs["kernel"].body
+        pairs: dict[Value, Value] = {}
+        for o in n.outputs:
+            x = new_of.get(o)
+            if (x is None or x not in input_pos or x in taken or x in graph.outputs or later_use.get(x, -1) > i
+                    or o in graph.outputs or x.type != o.type):
+                continue
+            reads = [bv.value for bv, v in zip(body.inputs, n.inputs, strict=True) if v is x]
+            if all(_read_elementwise_only(body, r) for r in reads):
+                pairs[o] = x
+                taken.add(x)
+        if pairs:
+            out[id(n)] = pairs
+    return out
+
+
+def _read_elementwise_only(body: Graph, v: Value) -> bool:
+    """Every reader of `v` in the body is elementwise at `v`'s shape (or there is none)."""
+    return all(OPS[u.op].has("elementwise") and u.outputs[0].type.shape == v.type.shape for u in body.users(v))
 
 
 def _inplace_target(target: str) -> str | None:

@@ -148,7 +148,8 @@ def epilogue_body(body: Graph, anchor: Node) -> Graph:
     return Graph(inputs, nodes, body.outputs)
 
 
-def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int]) -> KernelPlan:
+def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int],
+                 written_outs: frozenset[int] = frozenset()) -> KernelPlan:
     body = kernel.body
     anchor = kernel.anchor_node
     assert anchor is not None
@@ -157,7 +158,7 @@ def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int]) 
         raise Unsupported("anchor not on the CPU")
     if anchor.op == "matmul":
         try:
-            gp = plan_gemm(kernel, epilogue_body(body, anchor), target, const_bufs)
+            gp = plan_gemm(kernel, epilogue_body(body, anchor), target, const_bufs, written_outs)
         except Unsupported:
             gp = None
         if gp is not None:
@@ -204,7 +205,8 @@ def _plan_anchor(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int]) 
     if reads_same:
         for st in info.stores:
             o = body.outputs[st.buf]
-            if o.type.dtype == a_type.dtype and o.type.numel == a_type.numel and st.strides == identity:
+            if (o.type.dtype == a_type.dtype and o.type.numel == a_type.numel and st.strides == identity
+                    and st.buf not in written_outs):
                 plan.inplace = st.buf
                 break
     return plan
@@ -227,8 +229,11 @@ def _plan_full_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
     return plan_loops(kernel.structural_key + "|keepdim", new_body, "reduction", target)
 
 
-def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = frozenset()) -> KernelPlan:
-    """`const_bufs`: body inputs that are constants of the graph (frozen weights: B is packed)."""
+def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = frozenset(),
+                written_outs: frozenset[int] = frozenset()) -> KernelPlan:
+    """`const_bufs`: body inputs that are constants of the graph (frozen weights: B is packed).
+    `written_outs`: body outputs stored into a mutated input's own buffer, which the epilogue
+    reads before it writes: the library must not put its raw result there first."""
     try:
         if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
             raise Unsupported("inputs not on the CPU")
@@ -236,7 +241,7 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
             return KernelPlan("gen", gen=plan_loops(kernel.structural_key, kernel.body, kernel.kind, target,
                                                     pieces=True))
         if kernel.kind in ("matmul", "attention"):
-            return _plan_anchor(kernel, target, const_bufs)
+            return _plan_anchor(kernel, target, const_bufs, written_outs)
         if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
             op = next((n.op for n in kernel.body.nodes if not OPS[n.op].has("view")), None)
             if op == "take":

@@ -166,7 +166,8 @@ def _is_anchor_store(epi: Graph) -> bool:
         not OPS[n.op].has("view") and not OPS[n.op].has("generator") for n in epi.nodes)
 
 
-def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozenset[int]) -> GemmPlan | None:
+def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozenset[int],
+              written_outs: frozenset[int] = frozenset()) -> GemmPlan | None:
     body = kernel.body
     anchor = kernel.anchor_node
     assert anchor is not None and anchor.op == "matmul"
@@ -213,7 +214,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         tile = ("", info)
         for st in info.stores:
             o = epi.outputs[st.buf]
-            if o.type.dtype == torch.float32 and o.type.numel == a_t.numel and st.strides == identity:
+            if (o.type.dtype == torch.float32 and o.type.numel == a_t.numel and st.strides == identity
+                    and st.buf not in written_outs):
                 inplace = st.buf
                 break
     flops = 2.0 * geo.batch * geo.M * geo.N * geo.K
