@@ -375,7 +375,18 @@ def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", *
     freeze: treat parameters and buffers as constants (inference; enables folding them).
     backend: 'auto' (cpu for CPU tensors, triton for CUDA), 'cpu', 'triton' or 'interpret'.
     options: compiler options (see docs/options.md), e.g. capture='fx' (default) or 'export'.
+    A DistributedDataParallel model is compiled as `torch.compile(model, backend="novaforge")`
+    (DDP's reducer needs Dynamo's graph splitting at its buckets); wrap DDP around the plain model.
     """
     if model is None:
-        return lambda m: CompiledModule(m, freeze=freeze, backend=backend, options=options)
+        return lambda m: compile(m, freeze=freeze, backend=backend, **options)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        # DDP's forward drives its reducer (which gradients to all-reduce, when) from Python, which
+        # a captured graph would skip: compile through Dynamo, whose DDP support splits the graph
+        # at DDP's gradient buckets, with novaforge compiling each piece
+        if freeze:
+            raise ValueError("freeze=True with DistributedDataParallel: DDP is for training; compile the "
+                             "inner module for inference")
+        _log_runtime.info("DistributedDataParallel: compiled through torch.compile(backend='novaforge')")
+        return torch.compile(model, backend="novaforge", options={**options, "backend": backend})
     return CompiledModule(model, freeze=freeze, backend=backend, options=options)
