@@ -232,7 +232,15 @@ class LowerCtx:
         if has_symbolic_shape(n.meta.get("val")):
             raise UnsupportedError(self.describe("output shape depends on tensor data (data-dependent "
                                                  "shape); novaforge compiles static shapes only"))
-        types = self.out_types
+        val = n.meta.get("val")
+        keep = None  # results that ATen leaves None (convolution_backward's unrequested gradients)
+        if isinstance(val, list | tuple) and any(v is None for v in val):
+            keep = tuple(i for i, v in enumerate(val) if v is not None)
+            types = fake_types([val[i] for i in keep])
+            if types is None:
+                raise UnsupportedError(self.describe("has no static tensor output"))
+        else:
+            types = self.out_types
         tensors: list[Value] = []
         spec = encode((list(n.args), dict(n.kwargs)), tensors, lambda x: isinstance(x, torch.fx.Node))
         ins = [self.val(t) for t in tensors]
@@ -241,9 +249,13 @@ class LowerCtx:
         effect = torch.Tag.nondeterministic_seeded in tags
         op = "extern_effect" if effect else "extern"
         node = self.emit_node(op, ins, {"target": target, "spec": spec, "out_types": tuple(types),
-                                        "reason": reason or "no lowering rule"}, types)
+                                        "reason": reason or "no lowering rule", "keep": keep}, types)
         self.externs.append((target, reason or "no lowering rule"))
-        val = n.meta.get("val")
+        if keep is not None:
+            results: list[Value | None] = [None] * len(val)
+            for i, o in zip(keep, node.outputs, strict=True):
+                results[i] = o
+            return tuple(results)
         return tuple(node.outputs) if isinstance(val, list | tuple) else node.out
 
 

@@ -24,7 +24,7 @@ import torch
 
 from ..ir.ops.matmul import operands
 from ..ir.ops.reduction import arg_reduce, reduce, reduce_axes, reduced_size
-from .lower import LowerCtx, UnsupportedError
+from .lower import ARG_CHECKS, LowerCtx, UnsupportedError
 from .lower_elementwise import as_bool, fill, rule
 
 __all__ = ["layer_norm", "logsumexp", "mean", "reduce", "reduced_size", "softmax", "variance"]
@@ -211,8 +211,21 @@ def check_norm_dtypes(ctx: LowerCtx, x, *params) -> None:
         raise RuntimeError(ctx.describe("mixed dtype (CPU): expect parameter to have scalar type of Float"))
 
 
-def layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
+def _layer_norm_check(ctx: LowerCtx, x, shape, weight=None, bias=None, *args, **kwargs) -> None:
     check_norm_dtypes(ctx, x, weight, bias)
+
+
+def _group_norm_check(ctx: LowerCtx, x, weight=None, bias=None, *args, **kwargs) -> None:
+    check_norm_dtypes(ctx, x, weight, bias)
+
+
+# eager's checks run before any lowering, zero-size inputs included (frontend/lower.py)
+ARG_CHECKS[aten.native_layer_norm.default] = _layer_norm_check
+ARG_CHECKS[aten.layer_norm.default] = _layer_norm_check
+ARG_CHECKS[aten.native_group_norm.default] = _group_norm_check
+
+
+def layer_norm(ctx: LowerCtx, x, normalized_shape, weight, bias, eps):
     v = ctx.val(x)
     vf = ctx.opmath(v)
     acc = vf.type.dtype
@@ -331,7 +344,6 @@ def _bn_no_stats(ctx, x, weight, bias, training, momentum, eps):
 
 @rule(aten.native_group_norm.default)
 def _group_norm(ctx, x, weight, bias, n, c, hw, group, eps):
-    check_norm_dtypes(ctx, x, weight, bias)
     v = ctx.val(x)
     vf = ctx.opmath(v)
     acc = vf.type.dtype

@@ -144,8 +144,12 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
             assert inputs_tensors is not None
             return inputs_tensors[s.index].as_strided(*s.value)
         view = view_of_result(leaves[s.index], *s.value)
-        # a base laid out so that the view cannot follow it: the right values, unshared
-        return view if view is not None else view_of_result(leaves[s.index].contiguous(), *s.value)
+        if view is None:  # a base laid out so that the view cannot follow it: the right values, unshared
+            base_size, base_stride = s.value[1][0], s.value[1][1]
+            eager_laid = torch.empty_strided(base_size, base_stride, dtype=leaves[s.index].dtype,
+                                             device=leaves[s.index].device)
+            view = view_of_result(eager_laid.copy_(leaves[s.index]), *s.value)
+        return view
 
     def go(s: Spec) -> Any:
         if s.kind == "tensor":
@@ -188,7 +192,8 @@ def view_of_result(base: torch.Tensor, view_layout: tuple, base_layout: tuple) -
     along one base dimension without carrying into the next. None when they do not."""
     size, stride, offset = view_layout
     b_size, b_stride = base_layout[0], base_layout[1]
-    if tuple(base.shape) == tuple(b_size) and tuple(base.stride()) == tuple(b_stride):
+    if tuple(base.shape) == tuple(b_size) and all(n <= 1 or a == b for n, a, b in zip(
+            b_size, base.stride(), b_stride, strict=True)):  # eager's layout (a size-1 dim's stride aside)
         return base.as_strided(size, stride, base.storage_offset() + offset)
     start = [(offset // st) % n if n > 1 else 0 for n, st in zip(b_size, b_stride, strict=True)]
     reach = list(start)

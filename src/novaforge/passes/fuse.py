@@ -124,6 +124,10 @@ class _Grouper:
         self.groups: list[Group] = []
         self.generator_cats: list[Node] = []
         self.replicated: set[Node] = set()  # nodes copied into every kernel that reads them
+        # while every group depends only on older groups, a search for a path to group T can
+        # skip groups older than T; an edge to a newer group (a node joining an older group,
+        # a tail moved into a consumer) ends that, and `reaches` searches everything
+        self.deps_older_only = True
 
     def join(self, g: Group, n: Node, how: str) -> bool:
         """A fusion decision: may n join group g (`ctx.take_fuel`)?"""
@@ -140,7 +144,13 @@ class _Grouper:
         self.group_of[n] = g
         for src in self.source_groups(n):
             if src is not g:
-                g.deps.add(src)
+                self.depend(g, src)
+
+    def depend(self, g: Group, d: Group) -> None:
+        """Record that group g reads an output of group d."""
+        g.deps.add(d)
+        if d.index > g.index:
+            self.deps_older_only = False
 
     def source_groups(self, n: Node) -> set[Group]:
         """Groups whose outputs n reads (directly or through free views)."""
@@ -168,7 +178,7 @@ class _Grouper:
             if g.index in seen:
                 continue
             seen.add(g.index)
-            stack.extend(d for d in g.deps if d.index >= target.index)
+            stack.extend(g.deps if not self.deps_older_only else (d for d in g.deps if d.index >= target.index))
         return False
 
     def acyclic(self, g: Group, n: Node) -> bool:
@@ -267,7 +277,7 @@ class _Grouper:
             for u in users:
                 h = self.group_of.get(u)
                 if h is not None and h is not g:
-                    h.deps.add(g)
+                    self.depend(h, g)
 
     def sink_tails(self) -> None:
         """Move an elementwise tail of a group into the one group that consumes it, when that
@@ -309,7 +319,9 @@ class _Grouper:
                 first = min(b.nodes.index(u) for u in users)
                 b.nodes.insert(first, n)
                 self.group_of[n] = b
-                b.deps |= {h for h in self.source_groups(n) if h is not b}
+                for h in self.source_groups(n):
+                    if h is not b:
+                        self.depend(b, h)
 
     def _root_group(self, v: Value) -> Group | None:
         p = self.defs.get(self.root(v))

@@ -24,10 +24,14 @@ def _extern_infer(ts, a):
 def _extern_impl(xs, a):
     from ..extern import call_extern
 
-    return call_extern(a["target"], a["spec"], xs)
+    out = call_extern(a["target"], a["spec"], xs)
+    keep = a.get("keep")
+    return out if keep is None else tuple(out[i] for i in keep)
 
 
-EXTERN_ATTRS = {"target": REQUIRED, "spec": REQUIRED, "out_types": REQUIRED, "reason": ""}
+# keep: the positions of the ATen results that are tensors, when some are None (the extern's
+# outputs are those, in order)
+EXTERN_ATTRS = {"target": REQUIRED, "spec": REQUIRED, "out_types": REQUIRED, "reason": "", "keep": None}
 define("extern", (0, None), _extern_infer, _extern_impl, attrs=EXTERN_ATTRS, flags={"extern"},
        doc="an ATen call kept as is (see ir/extern.py); counted and reported", family=FAMILY)
 define("extern_effect", (0, None), _extern_infer, _extern_impl, attrs=EXTERN_ATTRS,
