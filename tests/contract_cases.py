@@ -114,6 +114,21 @@ def check_input_mutation(backend: str) -> None:
     torch.testing.assert_close(y, ye)
 
 
+def check_mutated_input_then_contiguous(backend: str) -> None:
+    """`x.neg_().contiguous()`: the input itself where x is contiguous, a fresh tensor where it
+    is strided (the functionalized trace must not make the strided case look like the first)."""
+    def fn(x):
+        return x.neg_().contiguous()
+
+    for x in (torch.randn(5, 3), torch.randn(5, 6)[:, ::2]):
+        xe = (torch.empty(5, 3) if x.is_contiguous() else torch.empty(5, 6)[:, ::2]).copy_(x)
+        got, want = novaforge.compile(fn, backend=backend)(x), fn(xe)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x, xe)
+        assert (got is x) == (want is xe)
+        assert (_storage(got) == _storage(x)) == (_storage(want) == _storage(xe))
+
+
 def check_expanded_input_mutation(backend: str) -> None:
     """fill_ on an expanded (stride-0) input: eager writes its one element; so must the call."""
     def fn(x):

@@ -15,6 +15,7 @@ from contract_cases import (
     check_input_mutation,
     check_inputs_sharing_memory,
     check_integer_pow,
+    check_mutated_input_then_contiguous,
     check_parameters_seen,
     check_views_of_a_transposed_result,
     check_zero_size_operand_errors,
@@ -83,3 +84,8 @@ def test_views_of_a_result_laid_out_otherwise_share_its_storage(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_sharing_memory_mutated_as_eager(backend):
     check_inputs_sharing_memory(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mutated_strided_input_made_contiguous_is_fresh(backend):
+    check_mutated_input_then_contiguous(backend)

@@ -180,17 +180,24 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
 
 
 def _alias_classifier(inputs: list[torch.Tensor], results: list[torch.Tensor], out_info: dict[str, Any]):
-    """Which results eager returns as views of its inputs or of other results (the plain,
-    non-functionalized trace sees real aliasing; a functionalized re-trace keeps what the
-    plain one found). `results` are all result tensors in flattening order. A result that is
-    a fresh tensor in eager is `None` here: the program returns it fresh."""
+    """Which results eager returns as the call's input tensors themselves (`in_tensor`), as views
+    of its inputs or of other results, or fresh (None: the program returns them fresh).
+    `results` are all result tensors in flattening order, inputs included. The plain,
+    non-functionalized trace sees real aliasing; a functionalized re-trace replays what the
+    plain one found (there `x.add_(1).contiguous()` of a strided `x` would look like `x` itself,
+    where eager's is a fresh tensor)."""
     if "aliases" not in out_info:
+        in_ids = {id(t): i for i, t in enumerate(inputs)}
         in_storage: dict[Any, int] = {}
         for i, t in enumerate(inputs):
             st = _storage(t)
             if st is not None:
                 in_storage.setdefault(st, i)
-        out_info["aliases"] = _alias_decisions(results, in_storage)
+        others = [t for t in results if id(t) not in in_ids]
+        found_others = iter(_alias_decisions(others, in_storage))
+        out_info["aliases"] = [
+            pytrees.Spec("in_tensor", index=in_ids[id(t)], key=("in_tensor", in_ids[id(t)])) if id(t) in in_ids
+            else next(found_others) for t in results]
     found = iter(out_info["aliases"])
     return lambda t, leaves: next(found, None)
 
@@ -311,11 +318,9 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
         in_objs = {id(o): i for i, o in enumerate(trace_objs)}
-        in_tensors = {id(t): i for i, t in enumerate(tensor_args)}
         results: list[torch.Tensor] = []  # every result tensor, in flattening order
-        pytrees.flatten(out, inputs_objs=in_objs, inputs_tensors=in_tensors,
-                        tensor_alias=lambda t, leaves: results.append(t))
-        flat_out = pytrees.flatten(out, inputs_objs=in_objs, inputs_tensors=in_tensors,
+        pytrees.flatten(out, inputs_objs=in_objs, tensor_alias=lambda t, leaves: results.append(t))
+        flat_out = pytrees.flatten(out, inputs_objs=in_objs,
                                    tensor_alias=_alias_classifier(tensor_args, results, out_info))
         out_info["spec"] = flat_out.spec
         out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)

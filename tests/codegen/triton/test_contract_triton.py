@@ -12,6 +12,7 @@ from contract_cases import (
     check_input_mutation,
     check_inputs_sharing_memory,
     check_integer_pow,
+    check_mutated_input_then_contiguous,
     check_parameters_seen,
     check_views_of_a_transposed_result,
 )
@@ -51,3 +52,7 @@ def test_views_of_a_result_laid_out_otherwise_share_its_storage():
 
 def test_inputs_sharing_memory_mutated_as_eager():
     check_inputs_sharing_memory("triton")
+
+
+def test_mutated_strided_input_made_contiguous_is_fresh():
+    check_mutated_input_then_contiguous("triton")
