@@ -114,6 +114,21 @@ def check_input_mutation(backend: str) -> None:
     torch.testing.assert_close(y, ye)
 
 
+def check_result_read_before_a_later_mutation(backend: str) -> None:
+    """A result equal to the input's old value (where(m, x, x) is x), then x mutated in place:
+    the result keeps the old value (the in-place update must not write over what it returns)."""
+    def fn(x, m):
+        v = torch.where(m, x, x).reshape(3, 1)
+        x.neg_()
+        return v
+
+    x, m = torch.randn(3), torch.tensor([True, False, True])
+    xe = x.clone()
+    got, want = novaforge.compile(fn, backend=backend)(x, m), fn(xe, m)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x, xe)
+
+
 def check_mutated_input_then_contiguous(backend: str) -> None:
     """`x.neg_().contiguous()`: the input itself where x is contiguous, a fresh tensor where it
     is strided (the functionalized trace must not make the strided case look like the first)."""

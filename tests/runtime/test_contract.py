@@ -17,6 +17,7 @@ from contract_cases import (
     check_integer_pow,
     check_mutated_input_then_contiguous,
     check_parameters_seen,
+    check_result_read_before_a_later_mutation,
     check_views_of_a_transposed_result,
     check_zero_size_operand_errors,
 )
@@ -89,3 +90,8 @@ def test_inputs_sharing_memory_mutated_as_eager(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mutated_strided_input_made_contiguous_is_fresh(backend):
     check_mutated_input_then_contiguous(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_result_keeps_the_value_before_a_later_mutation(backend):
+    check_result_read_before_a_later_mutation(backend)

@@ -14,6 +14,7 @@ from contract_cases import (
     check_integer_pow,
     check_mutated_input_then_contiguous,
     check_parameters_seen,
+    check_result_read_before_a_later_mutation,
     check_views_of_a_transposed_result,
 )
 
@@ -56,3 +57,7 @@ def test_inputs_sharing_memory_mutated_as_eager():
 
 def test_mutated_strided_input_made_contiguous_is_fresh():
     check_mutated_input_then_contiguous("triton")
+
+
+def test_result_keeps_the_value_before_a_later_mutation():
+    check_result_read_before_a_later_mutation("triton")

@@ -486,10 +486,15 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
     and its write-back copies nothing (a static KV cache is updated by one row instead of
     copied twice per step)."""
     new_of = {new: old for old, new in graph.mutations}
+    root: dict[Value, Value] = {}
+    for n in graph.nodes:  # top-level views read their source's memory
+        if OPS[n.op].has("view"):
+            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
     later_use: dict[Value, int] = {}
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
-            later_use[v] = i
+            later_use[root.get(v, v)] = i
+    returned = {root.get(v, v) for v in graph.outputs}
     out: dict[int, tuple[str, Value]] = {}
     for i, n in enumerate(graph.nodes):
         if n.op != "kernel" or len(n.outputs) != 1 or new_of.get(n.outputs[0]) is None:
@@ -499,7 +504,7 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
         ext = [m for m in body.nodes if m.op in ("extern", "extern_effect")]
         others_are_views = all(OPS[m.op].has("view") for m in body.nodes if m not in ext)
         if x not in input_pos or len(ext) != 1 or not others_are_views or later_use.get(x, -1) > i \
-                or x in graph.outputs:
+                or x in returned:
             continue
         e = ext[0]
         target = _inplace_target(e.attrs["target"])
@@ -516,8 +521,8 @@ def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, d
     """Pointwise kernels and matmul epilogues (by id) that may write a mutated graph input's new
     value into the input's own buffer: the kernel reads the input only elementwise at the output's
     shape (each element is read before its own lane writes it; the matmul's operands are not the
-    input), nothing after the kernel reads the old value or a view of it, and the input is not a
-    graph output. The library never stores its raw matmul result there (`plan_kernel`'s
+    input), nothing after the kernel reads the old value or a view of it, and neither the input
+    nor a view of it is a graph output. The library never stores its raw matmul result there (`plan_kernel`'s
     `written_outs`). An optimizer step's parameters and moments are
     then updated in place, with no fresh buffer and no copy at the write-back."""
     new_of = {new: old for old, new in graph.mutations}
@@ -529,6 +534,7 @@ def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, d
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
             later_use[root.get(v, v)] = i
+    returned = {root.get(v, v) for v in graph.outputs}  # results that are the input or a view of it
     out: dict[int, dict[Value, Value]] = {}
     taken: set[Value] = set()
     for i, n in enumerate(graph.nodes):
@@ -540,7 +546,7 @@ def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, d
         pairs: dict[Value, Value] = {}
         for o in n.outputs:
             x = new_of.get(o)
-            if (x is None or x not in input_pos or x in taken or x in graph.outputs or later_use.get(x, -1) > i
+            if (x is None or x not in input_pos or x in taken or x in returned or later_use.get(x, -1) > i
                     or o in graph.outputs or x.type != o.type):
                 continue
             reads = [bv.value for bv, v in zip(body.inputs, n.inputs, strict=True) if v is x]
