@@ -32,7 +32,7 @@ class Options:
     capture: str = "fx"  # "fx" (make_fx over functional_call) or "export" (torch.export)
     graph_cache: bool = True  # reuse captured graphs across compiles (frontend/graph_cache.py)
     fold_max_elements: int = 1 << 26  # constant folding skips larger results
-    inplace: bool = True  # memory planning may write a pointwise result into a dying input
+    inplace: bool = True  # a pointwise result may reuse a dying input's buffer; a mutated input is updated in its own
     keep_graphs: bool = False  # every pass record keeps its graph
     check: str | None = None  # None: $NOVAFORGE_CHECK decides; "0" off; "1" verifier; "numerics" also kernels
     pass_fuel: Mapping[int, int] = field(default_factory=dict)  # pass position -> decisions it may take
