@@ -120,3 +120,15 @@ def heads_last(perm: Sequence[int]) -> bool:
     """Does `perm` swap the head and query axes of a [..., H, L, D] tensor (and nothing else)?"""
     r = len(perm)
     return r >= 3 and tuple(perm) == tuple(range(r - 3)) + (r - 2, r - 3, r - 1)
+
+
+def view_roots(nodes: Sequence[Node]) -> dict[Value, Value]:
+    """For each output of a top-level view node, the value whose memory it reads (through
+    chains of views); values that are not views are absent."""
+    from .ops import OPS
+
+    root: dict[Value, Value] = {}
+    for n in nodes:
+        if OPS[n.op].has("view"):
+            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    return root

@@ -13,7 +13,8 @@ a weight after the backward matmul that reads it, so the update needs no fresh b
 
 from __future__ import annotations
 
-from ..ir import OPS, Graph, Node, Value
+from ..ir import Graph, Node, Value
+from ..ir.views import view_roots
 from .context import PassContext
 
 
@@ -38,10 +39,7 @@ def _update_after_readers(graph: Graph, nodes: list[Node], deps: list[set[int]])
     input's old value to the node computing its new value, unless the reader depends on that
     node (the edge would close a cycle). Returns the number of edges added."""
     producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
-    root: dict[Value, Value] = {}
-    for n in nodes:
-        if OPS[n.op].has("view"):
-            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    root = view_roots(nodes)
     readers: dict[Value, set[int]] = {}
     for i, n in enumerate(nodes):
         for v in n.inputs:

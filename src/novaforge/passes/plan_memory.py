@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Value
+from ..ir.views import view_roots
 from .context import PassContext, describe
 
 ALIGN = 64
@@ -81,11 +82,7 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
         for o in n.outputs:
             defined[o] = i
     # views alias their source: extend the source's life to the view's last use
-    root: dict[Value, Value] = {}
-    for n in graph.nodes:
-        if OPS[n.op].has("view"):
-            src = root.get(n.inputs[0], n.inputs[0])
-            root[n.outputs[0]] = src
+    root = view_roots(graph.nodes)
     for v, src in root.items():
         if v in last:
             last[src] = max(last.get(src, 0), last[v])

@@ -31,6 +31,7 @@ from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import OPS, Graph, Kernel, Value
 from ...ir.types import TensorType
+from ...ir.views import view_roots
 from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
@@ -478,6 +479,19 @@ class _Layout:
         return OutputSpec("slot", slot=s)
 
 
+def _mutated_input_uses(graph: Graph) -> tuple[dict[Value, Value], dict[Value, int], set[Value]]:
+    """What an in-place update of a mutated input must respect: each new value's input, the
+    last node reading each value or a view of it, and the values returned themselves or through
+    a view."""
+    root = view_roots(graph.nodes)
+    later_use: dict[Value, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            later_use[root.get(v, v)] = i
+    returned = {root.get(v, v) for v in graph.outputs}
+    return {new: old for old, new in graph.mutations}, later_use, returned
+
+
 def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tuple[str, Value]]:
     """Kernel nodes (by id) that may write a mutated graph input in place: one extern (its other
     arguments possibly views) whose ATen op has an in-place form (`index_copy` -> `index_copy_`),
@@ -485,16 +499,7 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
     which nothing reads the old value. Then the new value is computed into the input's buffer
     and its write-back copies nothing (a static KV cache is updated by one row instead of
     copied twice per step)."""
-    new_of = {new: old for old, new in graph.mutations}
-    root: dict[Value, Value] = {}
-    for n in graph.nodes:  # top-level views read their source's memory
-        if OPS[n.op].has("view"):
-            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
-    later_use: dict[Value, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            later_use[root.get(v, v)] = i
-    returned = {root.get(v, v) for v in graph.outputs}
+    new_of, later_use, returned = _mutated_input_uses(graph)
     out: dict[int, tuple[str, Value]] = {}
     for i, n in enumerate(graph.nodes):
         if n.op != "kernel" or len(n.outputs) != 1 or new_of.get(n.outputs[0]) is None:
@@ -522,19 +527,10 @@ def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, d
     value into the input's own buffer: the kernel reads the input only elementwise at the output's
     shape (each element is read before its own lane writes it; the matmul's operands are not the
     input), nothing after the kernel reads the old value or a view of it, and neither the input
-    nor a view of it is a graph output. The library never stores its raw matmul result there (`plan_kernel`'s
-    `written_outs`). An optimizer step's parameters and moments are
-    then updated in place, with no fresh buffer and no copy at the write-back."""
-    new_of = {new: old for old, new in graph.mutations}
-    root: dict[Value, Value] = {}
-    for n in graph.nodes:  # top-level views read their source's memory
-        if OPS[n.op].has("view"):
-            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
-    later_use: dict[Value, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            later_use[root.get(v, v)] = i
-    returned = {root.get(v, v) for v in graph.outputs}  # results that are the input or a view of it
+    nor a view of it is a graph output. The library never stores its raw matmul result there
+    (`plan_kernel`'s `written_outs`). An optimizer step's parameters and moments are then
+    updated in place, with no fresh buffer and no copy at the write-back."""
+    new_of, later_use, returned = _mutated_input_uses(graph)
     out: dict[int, dict[Value, Value]] = {}
     taken: set[Value] = set()
     for i, n in enumerate(graph.nodes):
