@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from . import logs, settings
 from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
+from .frontend.symbolic_entry import SymbolicCaptures
 from .ir import Graph
 from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
@@ -68,11 +69,12 @@ class CompiledModule:
     """The callable returned by `novaforge.compile`."""
 
     def __init__(self, fn: Any, *, freeze: bool = False, backend: str = "auto",
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, dynamic: Any = False) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.fn = fn
         self.freeze = freeze
+        self.dynamic = SymbolicCaptures(fn, dynamic, freeze) if dynamic else None
         self.backend = backend
         self.options = Options.of(options)  # validated: an unknown option raises here
         self._programs: dict[tuple, _Entry] = {}
@@ -147,8 +149,9 @@ class CompiledModule:
         from .generation import capturing
 
         with capturing():  # a forward replaced by `generate` traces the original
+            captured = self.dynamic.specialized(args, kwargs) if self.dynamic is not None else None
             stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
-                                  options=self.options)
+                                  options=self.options, captured=captured)
         self.compilations += 1
         _log_runtime.info("new input signature: program %d compiled", self.compilations)
         self.last_stats = stats
@@ -318,12 +321,14 @@ def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: O
 
 
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
-                  options: dict[str, Any]) -> CompileStats:
+                  options: dict[str, Any], captured: Captured | None = None) -> CompileStats:
     """Capture, optimize and build a program for one input signature (with its log topics,
-    progress line and dump folder: `novaforge.logs`)."""
+    progress line and dump folder: `novaforge.logs`). `captured`: a graph already captured for
+    these inputs (a symbolic capture specialized to their sizes), used instead of tracing."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     with logs.compile_session(name) as session:
-        stats = _compile_graph(fn, args, kwargs, freeze=freeze, backend=backend, options=options, session=session)
+        stats = _compile_graph(fn, args, kwargs, freeze=freeze, backend=backend, options=options, session=session,
+                               captured=captured)
     _log_runtime.info("compiled %s in %.2f s (%s backend)", name, stats.times["total_s"], stats.backend)
     return stats
 
@@ -332,7 +337,8 @@ _log_runtime = logs.get_logger("runtime")
 
 
 def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
-                   options: Options | dict[str, Any], session: logs.CompileSession) -> CompileStats:
+                   options: Options | dict[str, Any], session: logs.CompileSession,
+                   captured: Captured | None = None) -> CompileStats:
     t0 = time.perf_counter()
     options = Options.of(options)
     session.stage("capture")
@@ -341,8 +347,9 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
 
         start_background_build()  # the GEMM library compiles while the model is captured
     fake = options.compile_only or has_meta_state(fn)
-    with torch.no_grad() if freeze else contextlib.nullcontext():
-        captured = _capture_cached(fn, args, kwargs, freeze, options, fake)
+    if captured is None:
+        with torch.no_grad() if freeze else contextlib.nullcontext():
+            captured = _capture_cached(fn, args, kwargs, freeze, options, fake)
     t1 = time.perf_counter()
     chosen = resolve_backend(backend, captured.graph)
     from .codegen.registry import get_backend
@@ -369,17 +376,21 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     return CompileStats(captured, graph, records, times, chosen, program)
 
 
-def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", **options: Any):
+def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", dynamic: Any = False,
+            **options: Any):
     """Compile an nn.Module or function. Usable as `novaforge.compile(model)` or as a decorator.
 
     freeze: treat parameters and buffers as constants (inference; enables folding them).
     backend: 'auto' (cpu for CPU tensors, triton for CUDA), 'cpu', 'triton' or 'interpret'.
+    dynamic: True (every dim > 1 of every tensor input), or {argument name or tensor index:
+    {dim: (lo, hi) or None}}: those sizes are traced once as symbols and each new size is
+    specialized from that one trace (frontend/dynamic.py; no re-trace per size).
     options: compiler options (see docs/options.md), e.g. capture='fx' (default) or 'export'.
     A DistributedDataParallel model is compiled as `torch.compile(model, backend="novaforge")`
     (DDP's reducer needs Dynamo's graph splitting at its buckets); wrap DDP around the plain model.
     """
     if model is None:
-        return lambda m: compile(m, freeze=freeze, backend=backend, **options)
+        return lambda m: compile(m, freeze=freeze, backend=backend, dynamic=dynamic, **options)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         # DDP's forward drives its reducer (which gradients to all-reduce, when) from Python, which
         # a captured graph would skip: compile through Dynamo, whose DDP support splits the graph
@@ -389,4 +400,4 @@ def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", *
                              "inner module for inference")
         _log_runtime.info("DistributedDataParallel: compiled through torch.compile(backend='novaforge')")
         return torch.compile(model, backend="novaforge", options={**options, "backend": backend})
-    return CompiledModule(model, freeze=freeze, backend=backend, options=options)
+    return CompiledModule(model, freeze=freeze, backend=backend, options=options, dynamic=dynamic)

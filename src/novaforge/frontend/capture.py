@@ -63,6 +63,7 @@ class Captured:
     times: dict[str, float] = field(default_factory=dict)
     mutated_inputs: list[int] = field(default_factory=list)
     frozen: list[torch.Tensor] = field(default_factory=list)  # module tensors baked in as constants
+    symbols: Any = None  # a SymbolTable when the graph has symbolic sizes (frontend/dynamic.py)
 
 
 class _FnModule(torch.nn.Module):
@@ -154,12 +155,24 @@ def has_meta_state(module: Any) -> bool:
 
 
 def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False,
-            mode: str = "fx", fake: bool = False) -> Captured:
+            mode: str = "fx", fake: bool = False, dynamic: list | None = None) -> Captured:
     """Capture `module(*args, **kwargs)`. mode 'fx' (default, fast: see capture_fx.py) or
     'export' (torch.export). fake=True traces without data (parameters, buffers and inputs as
     fake tensors, meta ones placed on the CPU): for compile-only use, the graph has no
-    frozen constants. Captures are serialized process-wide."""
+    frozen constants. dynamic (mode 'fx'; per user tensor, {dim: (lo, hi)}, see
+    frontend/dynamic.py) traces those dims as symbols: the graph's types hold `Sym`s and
+    `Captured.symbols` their table. Captures are serialized process-wide."""
     with _CAPTURE_LOCK:
+        if dynamic is not None:
+            from .capture_fx import capture_fx
+
+            if mode != "fx" or fake:
+                raise ValueError("symbolic capture (dynamic=) needs capture='fx' and real inputs")
+            mod = shadow_module(module) if isinstance(module, torch.nn.Module) else _FnModule(module)
+            if not isinstance(module, torch.nn.Module):
+                _keep_source_lines_of(module)
+            return capture_fx(mod, tuple(args), kwargs or {}, freeze=freeze,
+                              is_function=not isinstance(module, torch.nn.Module), dynamic=dynamic)
         return _capture(module, args, kwargs, freeze=freeze, mode=mode, fake=fake)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from . import pytrees
+from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
 
 
@@ -260,22 +261,25 @@ def _user_lines():
 
 
 def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
-               fake: bool = False):
+               fake: bool = False, dynamic: list | None = None):
     """Capture a module without make_fx's stack traces (about a quarter of its time goes into
     symbolizing a whole stack per node): each node instead records its innermost user frame
     (`_user_lines`, a walk up the live frames), which is the provenance line the IR, the
     report and the bisector show. If lowering then fails, capture again with full stack traces,
     so the error names the user's source line. Plain functions (small graphs) always record them."""
     if is_function:
-        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True)
+        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True,
+                           dynamic=dynamic)
     try:
-        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=False)
+        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=False,
+                           dynamic=dynamic)
     except Exception as e:
         from .capture import CaptureError
 
         if isinstance(e, CaptureError) or getattr(e, "_nf_from_tracing", False):
             raise  # a tracing error: its message already names the user's frame
-        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True)
+        return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=True,
+                           dynamic=dynamic)
 
 
 def _traced(exc: BaseException) -> BaseException:
@@ -301,7 +305,7 @@ def _eager_error(traced, example: tuple) -> BaseException | None:
 
 
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
-                fake: bool, stacks: bool):
+                fake: bool, stacks: bool, dynamic: list | None = None):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .capture import Captured, CaptureError, DataDependentError
@@ -332,6 +336,10 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         n_p, n_b = len(example[0]), len(example[1])
         fakes = _fake_copies([*example[0], *example[1], *example[2]])
         example = (fakes[:n_p], fakes[n_p:n_p + n_b], fakes[n_p + n_b:])
+    if dynamic is not None:  # symbolic sizes: the user tensors' chosen dims are symbols
+        mode, sym_fakes = symbolic_inputs(example[2], dynamic)
+        static = [mode.from_tensor(t, static_shapes=True) for t in (*example[0], *example[1])]
+        example = (static[:len(example[0])], static[len(example[0]):], sym_fakes)
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
@@ -415,8 +423,10 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
     aten_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
                    and isinstance(n.target, torch._ops.OpOverload)
                    and n.target is not torch.ops.aten._assert_tensor_metadata.default)
+    converter = SymbolConverter() if dynamic is not None else contextlib.nullcontext()
     try:
-        graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
+        with converter:
+            graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
     except UnsupportedError as e:
         raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
     t2 = time.perf_counter()
@@ -431,4 +441,5 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         times={"export_s": t1 - t0, "functionalize_s": 0.0, "lower_s": t2 - t1},
         mutated_inputs=mutated_user,
         frozen=frozen,
+        symbols=converter.finish() if dynamic is not None else None,
     )

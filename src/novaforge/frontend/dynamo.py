@@ -30,6 +30,8 @@ Invariant: the callable returned for an ATen graph computes exactly what the gra
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ import torch
 import torch.fx
 
 from .. import logs
+from ..ir.symbolic import Sym
 from ..options import Options
 
 log = logs.get_logger("dynamo")
@@ -58,6 +61,8 @@ class Fallback:
 
 FALLBACKS: list[Fallback] = []  # every fallback of this process, in order
 PROGRAMS_BUILT = [0]  # novaforge programs built by this backend in this process (tests read it)
+SYMBOLIC_LOWERINGS = [0]  # dynamic graphs lowered once with symbolic sizes
+STATIC_RETRACES = [0]  # programs of dynamic graphs built from a static re-trace instead
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 
@@ -118,6 +123,7 @@ class _AtenGraphProgram:
         if self.fallback_mode not in FALLBACK_MODES:
             raise ValueError(f"option fallback must be one of {FALLBACK_MODES}, got {self.fallback_mode!r}")
         self.programs: dict[tuple, Any] = {}
+        self.symbolic: Any = None  # the graph lowered once with symbolic sizes (dynamic graphs), or why not
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
@@ -145,11 +151,10 @@ class _AtenGraphProgram:
         log.warning("novaforge: running a graph uncompiled (%s): %s", fb.graph, reason)
         return _EagerRunner(self.gm)
 
-    def _build(self, gm: torch.fx.GraphModule):
-        from ..api import CompileStats, resolve_backend
-        from ..codegen.registry import get_backend
-        from ..passes.pipeline import run_pipeline
-        from .capture import Captured
+    def _lower(self, gm: torch.fx.GraphModule, symbolic: bool = False):
+        """(IR graph, lowering context, placeholder specs, output args, constant outputs); with
+        `symbolic`, the graph keeps Dynamo's symbolic sizes (constant outputs are IR dims)."""
+        from .dynamic import SymbolConverter
         from .lower import InputSpec, lower_fx
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -157,10 +162,25 @@ class _AtenGraphProgram:
                  for n in placeholders]
         out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
         tensor_outs = [a for a in out_args if _is_tensor_node(a)]
-        constants = {i: _constant_output(a) for i, a in enumerate(out_args) if not _is_tensor_node(a)}
-        graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
+        conv = SymbolConverter() if symbolic else None
+        with conv if conv is not None else contextlib.nullcontext():
+            constants = {i: (_symbolic_output(a, conv) if conv is not None else _constant_output(a))
+                         for i, a in enumerate(out_args) if not _is_tensor_node(a)}
+            graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
         graph.meta["aten_ops"] = aten
+        sizes = [conv.dim(n.meta["val"]) if conv is not None and isinstance(n.meta.get("val"), torch.SymInt) else None
+                 for n in placeholders]
+        return graph, ctx, specs, out_args, constants, (conv.finish() if conv is not None else None), sizes
+
+    def _build(self, gm: torch.fx.GraphModule, lowered: Any = None):
+        from ..api import CompileStats, resolve_backend
+        from ..codegen.registry import get_backend
+        from ..passes.pipeline import run_pipeline
+        from .capture import Captured
+
+        graph, ctx, specs, out_args, constants, _, _ = lowered if lowered is not None else self._lower(gm)
+        aten = graph.meta["aten_ops"]
         backend = resolve_backend(self.options.backend, graph)
         be = get_backend(backend)
         opts = self.options.replace(backend=backend)
@@ -185,9 +205,21 @@ class _AtenGraphProgram:
         return runner(args)
 
     def _specialize(self, args: Sequence[Any]) -> Any:
-        """A program for the concrete signature of `args` (a dynamic graph, re-traced)."""
+        """A program for the concrete signature of `args`: the graph lowered once with symbolic
+        sizes, specialized to these sizes; where that is not possible, re-traced statically."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
+        lowered = self._specialized_lowering(args)
+        if lowered is not None:
+            try:
+                with _no_fake_mode():
+                    return self._build(self.gm, lowered)
+            except Exception as e:
+                if self.fallback_mode == "raise":
+                    raise
+                return self._fallback(e)
+        with _FALLBACK_LOCK:
+            STATIC_RETRACES[0] += 1
         try:
             with _no_fake_mode():
                 static = make_fx(self.gm, tracing_mode="fake")(*args)
@@ -196,6 +228,51 @@ class _AtenGraphProgram:
                 raise
             return self._fallback(e)
         return self._build_or_fallback(static)
+
+
+    def _specialized_lowering(self, args: Sequence[Any]) -> Any:
+        """The symbolic lowering specialized at the sizes of `args`, or None (logged once: the
+        graph could not be lowered symbolically; or these sizes fall outside its table)."""
+        from ..ir.symbolic import bind_symbols
+        from .dynamic import specialize
+
+        if self.symbolic is None:
+            try:
+                with _no_fake_mode():
+                    self.symbolic = self._lower(self.gm, symbolic=True)
+                with _FALLBACK_LOCK:
+                    SYMBOLIC_LOWERINGS[0] += 1
+                log.info("dynamic graph lowered once with %s", self.symbolic[5].describe())
+            except Exception as e:  # noqa: BLE001 - the static re-trace handles (and reports) it
+                self.symbolic = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                log.info("dynamic graph re-traced per signature (no symbolic lowering: %s)", self.symbolic[:300])
+        if isinstance(self.symbolic, str):
+            return None
+        graph, ctx, specs, out_args, constants, table, sizes = self.symbolic
+        pattern = []
+        it = iter(graph.user_inputs)
+        for a, spec, size in zip(args, specs, sizes, strict=True):
+            if spec.kind == "user":
+                gi = next(it)
+                if not isinstance(a, torch.Tensor) or a.dim() != gi.value.type.rank:
+                    return None
+                pattern.extend(zip(gi.value.type.shape, a.shape, strict=True))
+            elif size is not None:
+                pattern.append((size, int(a)))
+        values = bind_symbols(pattern)
+        if isinstance(values, str) or table.admits(values) is not None:
+            return None
+        consts = {i: (c.subs(values) if isinstance(c, Sym) else c) for i, c in constants.items()}
+        return specialize(graph, values), ctx, specs, out_args, consts, None, sizes
+
+
+def _symbolic_output(a: Any, conv: Any) -> Any:
+    """A non-tensor graph output of a symbolic graph: a constant, or an IR dim."""
+    if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.SymInt):
+        d = conv.dim(a.meta["val"])
+        if d is not None:
+            return d
+    return _constant_output(a)
 
 
 def _is_tensor_node(a: Any) -> bool:

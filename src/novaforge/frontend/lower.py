@@ -29,7 +29,9 @@ import torch.utils._pytree as pytree
 from ..ir import Graph, GraphInput, Node, TensorType, Value, make_node
 from ..ir.extern import encode
 from ..ir.ops.matmul import same_dtype_check
+from ..ir.symbolic import Sym
 from ..ir.types import DTYPE_SHORT, is_float, normalize_axis, normalize_device, opmath_dtype
+from .dynamic import active_converter
 
 __all__ = ["InputSpec", "LowerCtx", "UnsupportedError", "lower_fx", "opmath_dtype"]
 
@@ -72,20 +74,53 @@ def fake_types(val: Any) -> list[TensorType] | None:
         if not isinstance(v, torch.Tensor):
             return None
         shape = []
+        conv = active_converter()
         for s in v.shape:
             if not isinstance(s, int):
-                try:
-                    s = int(s)
-                except Exception:
-                    return None
+                if conv is not None:  # a symbolic capture: keep the size symbolic
+                    s = conv.dim(s)
+                    if s is None:
+                        return None
+                else:
+                    try:
+                        s = int(s)
+                    except Exception:
+                        return None
             shape.append(s)
         out.append(TensorType(tuple(shape), v.dtype, normalize_device(v.device)))
     return out
 
 
 def has_symbolic_shape(val: Any) -> bool:
+    """Does a fake value have a size that is not an int (a data-dependent size; in a symbolic
+    capture, any symbolic size, since extern calls run with static shapes)?"""
     vals = val if isinstance(val, list | tuple) else [val]
     return any(isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape) for v in vals)
+
+
+def _size_value(n: torch.fx.Node) -> Any:
+    """The IR dim of an FX node that computes a size (sym_size, arithmetic on SymInts) in a
+    symbolic capture, or None when `n` is not such a node."""
+    conv = active_converter()
+    val = n.meta.get("val")
+    if conv is None or not isinstance(val, torch.SymInt):
+        return None
+    d = conv.dim(val)
+    if d is None:
+        raise UnsupportedError(f"{n.name}: a size that depends on tensor data; novaforge compiles static shapes")
+    return d
+
+
+def _with_sizes(ctx: LowerCtx, args: Any) -> Any:
+    """FX arguments with size nodes replaced by their IR dims (lists and tuples included)."""
+    if isinstance(args, torch.fx.Node):
+        d = ctx.env.get(args)
+        return d if isinstance(d, int | Sym) else args
+    if isinstance(args, list | tuple):
+        return type(args)(_with_sizes(ctx, a) for a in args)
+    if isinstance(args, dict):
+        return {k: _with_sizes(ctx, a) for k, a in args.items()}
+    return args
 
 
 @dataclass
@@ -173,7 +208,9 @@ class LowerCtx:
 
     def scalar(self, value: Any, dtype: torch.dtype, device: str | None = None) -> Value:
         dev = device or self.device
-        if is_float(dtype):
+        if isinstance(value, Sym):  # a size as a number: substituted when the graph is specialized
+            pass
+        elif is_float(dtype):
             value = float(value)
         elif dtype == torch.bool:
             value = bool(value)
@@ -201,7 +238,7 @@ class LowerCtx:
             return self.cast(a, dtype)
         if isinstance(a, torch.fx.Node):
             return self.cast(self.val(a), dtype)
-        if isinstance(a, bool | int | float):
+        if isinstance(a, bool | int | float | Sym):
             return self.scalar(a, dtype)
         raise UnsupportedError(self.describe(f"unsupported argument {a!r}"))
 
@@ -212,7 +249,7 @@ class LowerCtx:
         return a
 
     def reshape(self, v: Value, shape: Sequence[int]) -> Value:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(s if isinstance(s, Sym) else int(s) for s in shape)
         return v if v.type.shape == shape else self.emit("reshape", [v], shape=shape)
 
     def permute(self, v: Value, perm: Sequence[int]) -> Value:
@@ -289,6 +326,10 @@ def lower_fx(
     graph_inputs: list[GraphInput] = []
     for ph, spec in zip(placeholders, inputs, strict=True):
         if spec.kind == "skip":  # a non-tensor placeholder (e.g. a specialized SymInt)
+            conv = active_converter()
+            if conv is not None and isinstance(ph.meta.get("val"), torch.SymInt):
+                ctx.env[ph] = conv.dim(ph.meta["val"])  # a size argument of a symbolic graph
+                continue
             if ph.users:
                 raise UnsupportedError(f"input {ph.name}: non-tensor graph inputs are not supported")
             continue
@@ -369,6 +410,9 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     if n.target is operator.getitem:
         seq, idx = n.args
         return ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple) else None
+    size = _size_value(n)
+    if size is not None:  # symbolic capture: a size computation is an IR dim, not a node
+        return size
     target = ctx.target = n.target
     bad = _unsupported_dtypes(n.meta.get("val"))
     if bad:
@@ -382,13 +426,14 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     rule = rules.get(target)
     if rule is None and isinstance(target, torch._ops.OpOverload):
         rule = rules.get(target.overloadpacket)
+    args, kwargs = (_with_sizes(ctx, n.args), _with_sizes(ctx, n.kwargs)) if active_converter() else (n.args, n.kwargs)
     check = ARG_CHECKS.get(target)
     if check is not None:  # eager's argument checks, which decompositions and zero-size fills skip
-        check(ctx, *n.args, **n.kwargs)
+        check(ctx, *args, **kwargs)
     if _all_outputs_empty(n):
         result = _empty_results(ctx)
     elif rule is not None:
-        result = rule(ctx, *n.args, **n.kwargs)
+        result = rule(ctx, *args, **kwargs)
     elif not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
     elif _has_decomposition(target):

@@ -1,8 +1,9 @@
 """Tensor types of IR values.
 
-Invariant: a `TensorType` is immutable and fully static (concrete shape, dtype, device).
-Values are logically contiguous tensors: strides are a property of buffers at run time,
-never of IR values (value semantics).
+Invariant: a `TensorType` is immutable; its dtype and device are concrete, and each
+dimension is a non-negative int or a `Sym` (a symbolic size, ir/symbolic.py; graphs with
+symbols are specialized to ints before the passes run). Values are logically contiguous
+tensors: strides are a property of buffers at run time, never of IR values (value semantics).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from .symbolic import Sym
 
 DTYPE_SHORT: dict[torch.dtype, str] = {
     torch.float32: "f32",
@@ -64,8 +67,11 @@ class TensorType:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if any((not isinstance(s, int)) or s < 0 for s in self.shape):
-            raise ValueError(f"TensorType shape must be non-negative ints, got {self.shape}")
+        for s in self.shape:
+            if isinstance(s, Sym):
+                continue
+            if not isinstance(s, int) or s < 0:
+                raise ValueError(f"TensorType shape must be non-negative ints or Syms, got {self.shape}")
         if self.dtype not in DTYPE_SHORT:
             raise ValueError(f"unsupported dtype {self.dtype}")
 

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ..symbolic import provably, size_arg
 from ..types import TensorType
 from .core import REQUIRED, bound_of, define, device_of, same_dtype
 
@@ -140,14 +141,14 @@ slice_ = define("slice", 1, _slice_infer, _slice_impl,
                 attrs={"axis": REQUIRED, "start": 0, "stop": REQUIRED, "step": 1}, flags={"view"}, flops=0,
                 doc="normalized: 0 <= start, stop clamped to the axis length, step >= 1", family=FAMILY,
                 abs_bound=_first, returns_input=lambda n: n.attrs["start"] == 0 and n.attrs["step"] == 1
-                and n.attrs["stop"] >= n.inputs[0].type.shape[n.attrs["axis"]])
+                and provably(lambda: n.attrs["stop"] >= n.inputs[0].type.shape[n.attrs["axis"]]))
 
 
 def slice_value(ctx, v, axis: int, start: int | None, end: int | None, step: int = 1):
     """v[..., start:end:step, ...] along `axis` with ATen's clamping of start and end."""
     n = v.type.shape[axis]
-    start = 0 if start is None else int(start)
-    end = n if end is None else int(end)
+    start = 0 if start is None else size_arg(start)
+    end = n if end is None else size_arg(end)
     if start < 0:
         start += n
     if end < 0:
@@ -156,7 +157,7 @@ def slice_value(ctx, v, axis: int, start: int | None, end: int | None, step: int
     end = min(max(end, start), n)
     if step < 1:
         raise ctx.unsupported(f"slice step {step} must be positive")
-    if start == 0 and end == n and step == 1:
+    if start == 0 and step == 1 and provably(lambda: end == n):
         return v
     return ctx.emit("slice", [v], axis=axis, start=start, stop=end, step=int(step))
 

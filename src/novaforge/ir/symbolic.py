@@ -1,0 +1,296 @@
+"""Symbolic sizes: a dimension of an IR value is an `int` or a `Sym`, an expression over size
+symbols (`s0`, `s1`, ...) kept in sympy's canonical form (`s0*12`, `s0 + 1`).
+
+A graph with symbols carries a `SymbolTable` (`graph.meta["symbols"]`): each symbol's range
+(`s0 in [2, 4096]`), its hint (the size it was captured at) and the guards the capture
+recorded (conditions on the symbols the traced program assumed, such as a branch the model
+took on a size). `specialize(graph, values)` substitutes concrete sizes for the symbols and
+returns an ordinary static graph; `SymbolTable.admits(values)` says whether a call's sizes lie
+inside the ranges and satisfy the guards.
+
+Invariants:
+* arithmetic on a `Sym` returns an `int` whenever the result is a constant, so static code
+  paths see plain ints; two `Sym`s are equal exactly when their expressions are;
+* a `Sym` never answers a question about its value by guessing: `==` is equality of the
+  canonical expressions (two shapes are the same shape for every size, or they are different
+  shapes); an ordering (`<`, `<=`, ...) is decided from the symbols' ranges, or it raises
+  `SymbolicDecision` (the capture then falls back to static sizes); `int(sym)` and
+  `range(sym)` raise it too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+SYMBOL_PREFIX = "s"
+DEFAULT_MAX = 1 << 31
+
+
+class SymbolicDecision(Exception):
+    """A size-dependent decision that the symbols' ranges do not settle."""
+
+
+def symbol(index: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{SYMBOL_PREFIX}{index}", integer=True, positive=True)
+
+
+_RANGES = threading.local()  # the ranges comparisons decide with (set while a graph is worked on)
+
+
+class using_ranges:
+    """Context: comparisons of `Sym`s decide from these symbol ranges ({symbol: (lo, hi)})."""
+
+    def __init__(self, ranges: Mapping[sympy.Symbol, tuple[int, int]]) -> None:
+        self.ranges = ranges  # read live: symbols added while the context is open count
+
+    def __enter__(self) -> None:
+        self.saved = getattr(_RANGES, "value", None)
+        _RANGES.value = self.ranges
+
+    def __exit__(self, *exc: Any) -> None:
+        _RANGES.value = self.saved
+
+
+def _bounds(expr: sympy.Expr) -> tuple[Any, Any]:
+    """Lower and upper bound of `expr` over the active ranges (symbols without one: [1, inf))."""
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    active = getattr(_RANGES, "value", None) or {}
+    ranges = {s: ValueRanges(*active.get(s, (1, DEFAULT_MAX))) for s in expr.free_symbols}
+    vr = bound_sympy(expr, ranges)
+    return vr.lower, vr.upper
+
+
+def _positive(expr: sympy.Expr, what: str, strict: bool) -> bool:
+    """Is `expr` > 0 (strict) or >= 0 for every value in the ranges? True or False when the
+    ranges settle it; SymbolicDecision when the answer differs between sizes."""
+    expr = sympy.expand(expr)
+    if expr.is_Integer:
+        return int(expr) > 0 if strict else int(expr) >= 0
+    lo, hi = _bounds(expr)
+    if (lo > 0) if strict else (lo >= 0):
+        return True
+    if (hi <= 0) if strict else (hi < 0):
+        return False
+    raise SymbolicDecision(f"{what} depends on the sizes ({expr} ranges over [{lo}, {hi}])")
+
+
+def _expr(x: Any) -> sympy.Expr:
+    if isinstance(x, Sym):
+        return x.expr
+    if isinstance(x, bool):
+        return sympy.Integer(int(x))
+    if isinstance(x, int):
+        return sympy.Integer(x)
+    raise TypeError(f"not a size: {x!r}")
+
+
+def as_dim(expr: sympy.Expr) -> int | Sym:
+    """`expr` as a dimension: an int when it is constant, else a Sym."""
+    expr = sympy.expand(expr)
+    if expr.is_Integer:
+        return int(expr)
+    return Sym(expr)
+
+
+class Sym:
+    """A symbolic size (see the module docstring)."""
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr: sympy.Expr) -> None:
+        object.__setattr__(self, "expr", expr)
+
+    def __setattr__(self, *a: Any) -> None:
+        raise AttributeError("Sym is immutable")
+
+    # arithmetic: results are canonical; constants come back as ints
+    def __add__(self, o: Any) -> int | Sym:
+        return as_dim(self.expr + _expr(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> int | Sym:
+        return as_dim(self.expr - _expr(o))
+
+    def __rsub__(self, o: Any) -> int | Sym:
+        return as_dim(_expr(o) - self.expr)
+
+    def __mul__(self, o: Any) -> int | Sym:
+        return as_dim(self.expr * _expr(o))
+
+    __rmul__ = __mul__
+
+    def __neg__(self) -> int | Sym:
+        return as_dim(-self.expr)
+
+    def __floordiv__(self, o: Any) -> int | Sym:
+        return as_dim(sympy.floor(self.expr / _expr(o)))
+
+    def __rfloordiv__(self, o: Any) -> int | Sym:
+        return as_dim(sympy.floor(_expr(o) / self.expr))
+
+    def __mod__(self, o: Any) -> int | Sym:
+        return as_dim(sympy.Mod(self.expr, _expr(o)))
+
+    def __rmod__(self, o: Any) -> int | Sym:
+        return as_dim(sympy.Mod(_expr(o), self.expr))
+
+    # comparisons: decided from the ranges, never from a sample value
+    def __eq__(self, o: object) -> bool:
+        if not isinstance(o, Sym | int):
+            return NotImplemented
+        # equality of sizes is equality of their canonical expressions: s0 and s0*s1 are
+        # different sizes, even though they coincide where s1 = 1
+        return sympy.expand(self.expr - _expr(o)) == 0
+
+    def __ne__(self, o: object) -> bool:
+        eq = self.__eq__(o)
+        return eq if eq is NotImplemented else not eq
+
+    def __lt__(self, o: Any) -> bool:
+        return _positive(_expr(o) - self.expr, f"{self} < {o}", strict=True)
+
+    def __le__(self, o: Any) -> bool:
+        return _positive(_expr(o) - self.expr, f"{self} <= {o}", strict=False)
+
+    def __gt__(self, o: Any) -> bool:
+        return _positive(self.expr - _expr(o), f"{self} > {o}", strict=True)
+
+    def __ge__(self, o: Any) -> bool:
+        return _positive(self.expr - _expr(o), f"{self} >= {o}", strict=False)
+
+    def __bool__(self) -> bool:
+        return self != 0
+
+    def __hash__(self) -> int:
+        return hash(("Sym", self.expr))
+
+    def __int__(self) -> int:
+        raise SymbolicDecision(f"a concrete size is needed for {self}")
+
+    __index__ = __int__
+
+    def __repr__(self) -> str:
+        return str(self.expr)
+
+    __str__ = __repr__
+
+    def subs(self, values: Mapping[sympy.Symbol, int]) -> int | Sym:
+        return as_dim(self.expr.subs(values))
+
+
+def provably(cond: Any) -> bool:
+    """Evaluate a size condition (a callable) for an optimization: True only when it holds for
+    every size in the ranges; a condition that depends on the sizes counts as False."""
+    try:
+        return bool(cond())
+    except SymbolicDecision:
+        return False
+
+
+def size_arg(x: Any) -> int | Sym:
+    """A size or index argument: a Sym as is, anything else as an int."""
+    return x if isinstance(x, Sym) else int(x)
+
+
+def is_symbolic(x: Any) -> bool:
+    """Does `x` (a dim, a shape, a TensorType, or a nest of lists/tuples/dicts) hold a Sym?"""
+    if isinstance(x, Sym):
+        return True
+    if isinstance(x, list | tuple):
+        return any(is_symbolic(e) for e in x)
+    if isinstance(x, dict):
+        return any(is_symbolic(e) for e in x.values())
+    shape = getattr(x, "shape", None)
+    return isinstance(shape, tuple) and any(isinstance(d, Sym) for d in shape)
+
+
+def substitute(x: Any, values: Mapping[sympy.Symbol, int]) -> Any:
+    """`x` with every Sym replaced by its value (ints, tuples, lists, dicts, slices, TensorTypes)."""
+    if isinstance(x, Sym):
+        out = x.subs(values)
+        if isinstance(out, Sym):
+            raise SymbolicDecision(f"no value for {sorted(map(str, out.expr.free_symbols))} in {x}")
+        return out
+    if isinstance(x, tuple):
+        return tuple(substitute(e, values) for e in x)
+    if isinstance(x, list):
+        return [substitute(e, values) for e in x]
+    if isinstance(x, dict):
+        return {k: substitute(e, values) for k, e in x.items()}
+    if isinstance(x, slice):
+        return slice(substitute(x.start, values), substitute(x.stop, values), substitute(x.step, values))
+    if hasattr(x, "with_shape") and is_symbolic(x):
+        return x.with_shape(substitute(x.shape, values))
+    return x
+
+
+@dataclass
+class SymbolTable:
+    """The symbols of one graph: range and hint per symbol, and the guards of its capture."""
+
+    ranges: dict[sympy.Symbol, tuple[int, int]] = field(default_factory=dict)
+    hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    guards: list[sympy.Basic] = field(default_factory=list)  # boolean sympy expressions
+
+    def add(self, sym: sympy.Symbol, hint: int, lo: int = 2, hi: int = DEFAULT_MAX) -> None:
+        self.ranges[sym] = (lo, hi)
+        self.hints[sym] = hint
+
+    @property
+    def symbols(self) -> list[sympy.Symbol]:
+        return sorted(self.ranges, key=lambda s: int(s.name[len(SYMBOL_PREFIX):]))
+
+    def admits(self, values: Mapping[sympy.Symbol, int]) -> str | None:
+        """None when `values` lie in the ranges and satisfy every guard, else the reason."""
+        for s, (lo, hi) in self.ranges.items():
+            v = values.get(s)
+            if v is None:
+                return f"no value for {s}"
+            if not lo <= v <= hi:
+                return f"{s} = {v} is outside [{lo}, {hi}]"
+        for g in self.guards:
+            if not bool(g.subs(values)):
+                return f"guard {g} fails for {dict((str(k), v) for k, v in values.items())}"
+        return None
+
+    def ranges_context(self) -> using_ranges:
+        return using_ranges(self.ranges)
+
+    def describe(self) -> str:
+        parts = [f"{s} in [{lo}, {hi if hi < DEFAULT_MAX else 'inf'}] (captured at {self.hints[s]})"
+                 for s, (lo, hi) in ((s, self.ranges[s]) for s in self.symbols)]
+        parts += [f"guard {g}" for g in self.guards]
+        return "; ".join(parts)
+
+
+def bind_symbols(pattern: Iterable[tuple[Any, int]]) -> dict[sympy.Symbol, int] | str:
+    """Solve dims for their symbols: pattern is (dim, concrete size) pairs; a dim that is a lone
+    symbol binds it, others are checked once all are bound. Returns the values or the reason
+    they do not fit."""
+    values: dict[sympy.Symbol, int] = {}
+    later: list[tuple[Sym, int]] = []
+    for dim, size in pattern:
+        if isinstance(dim, Sym):
+            if dim.expr.is_Symbol:
+                prev = values.setdefault(dim.expr, size)
+                if prev != size:
+                    return f"{dim} is {prev} and {size}"
+            else:
+                later.append((dim, size))
+        elif dim != size:
+            return f"size {size} where {dim} is required"
+    for dim, size in later:
+        try:
+            got = substitute(dim, values)
+        except SymbolicDecision as e:
+            return str(e)
+        if got != size:
+            return f"{dim} = {got}, but the input has {size}"
+    return values

@@ -1,0 +1,149 @@
+"""Dynamic shapes on the capture side: one symbolic trace, specialized for every size.
+
+Every case is traced once with its dynamic dims as symbols; the symbolic graph is then
+specialized at several sizes and run by the interpreter against eager (values, shapes and
+dtypes), which checks each op's lowering and shape rule on symbols. Then both entry points:
+`novaforge.compile(..., dynamic=...)` and `torch.compile(..., dynamic=True)` trace or lower
+once and build one program per size from that trace, with eager's results.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import novaforge
+from novaforge.frontend.capture import capture
+from novaforge.frontend.dynamic import specialize, symbol_values
+from novaforge.ir.symbolic import is_symbolic
+from novaforge.runtime.interpret import interpret
+
+
+def _softmax_mm(x, w):
+    return torch.softmax(x @ w, -1).sum(0) * 2
+
+
+def _views(x):
+    b, n, d = x.shape
+    y = x.reshape(b * n, d).t().contiguous()
+    return y[:, 1:].sum(1), x.transpose(1, 2).flatten(1), x[:, -1] * 1, x.unsqueeze(0).expand(2, b, n, d) * 1
+
+
+def _index_and_arange(x, table):
+    pos = torch.arange(x.shape[1])
+    return table[pos] + x.mean(-1, keepdim=True), x[:, pos.flip(0)], x.new_zeros(x.shape[1])
+
+
+def _norms_and_attention(x, ln_w):
+    h = F.layer_norm(x, (x.shape[-1],), ln_w)
+    q = h.view(h.shape[0], h.shape[1], 2, -1).transpose(1, 2)
+    a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    return a.transpose(1, 2).reshape(h.shape), torch.cumsum(x, 1), torch.cat([x, h], 1)
+
+
+def _size_as_number(x):
+    return x / x.shape[0] + x.shape[0], torch.full((x.shape[0],), 2.0) * x.sum(1)
+
+
+CASES = [
+    ("softmax_mm", _softmax_mm, lambda n: (torch.randn(n, 8), torch.randn(8, 5)), [{0: (2, 512)}, {}]),
+    ("views", _views, lambda n: (torch.randn(2, n, 6),), [{1: (2, 512)}]),
+    ("index_arange", _index_and_arange, lambda n: (torch.randn(3, n, 4), torch.randn(64, 1)), [{1: (2, 64)}, {}]),
+    ("norm_attention", _norms_and_attention, lambda n: (torch.randn(2, n, 8), torch.randn(8)), [{1: (2, 512)}, {}]),
+    ("size_as_number", _size_as_number, lambda n: (torch.randn(n, 3),), [{0: (2, 512)}]),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,dims", CASES, ids=[c[0] for c in CASES])
+def test_one_symbolic_trace_specializes_to_eager_at_every_size(name, fn, make, dims):
+    torch.manual_seed(0)
+    cap = capture(fn, make(16), {}, dynamic=dims)
+    assert is_symbolic([v.type for v in cap.graph.values()]), cap.graph
+    assert cap.symbols.symbols, cap.symbols.describe()
+    for n in (2, 3, 5, 16, 31, 64):
+        args = make(n)
+        values = symbol_values(cap.symbols, cap.graph, list(args))
+        assert isinstance(values, dict), values
+        graph = specialize(cap.graph, values)
+        assert not is_symbolic([v.type for v in graph.values()])
+        got = interpret(graph, list(args), check=True)
+        want = fn(*args)
+        want = list(want) if isinstance(want, tuple) else [want]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype, (n, g.shape, w.shape)
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_sizes_outside_the_range_are_not_admitted():
+    cap = capture(_softmax_mm, (torch.randn(16, 8), torch.randn(8, 5)), {}, dynamic=[{0: (4, 32)}, {}])
+    assert isinstance(symbol_values(cap.symbols, cap.graph, [torch.randn(33, 8), torch.randn(8, 5)]), str)
+    assert isinstance(symbol_values(cap.symbols, cap.graph, [torch.randn(8, 8), torch.randn(7, 5)]), str)
+
+
+def test_a_branch_on_a_size_is_a_guard():
+    def f(x):
+        return x * 2 if x.shape[0] > 8 else x - 1
+
+    cap = capture(f, (torch.randn(16, 3),), {}, dynamic=[{0: (2, 512)}])
+    assert cap.symbols.guards, "the branch the trace took must be recorded"
+    assert symbol_values(cap.symbols, cap.graph, [torch.randn(20, 3)]) is not None
+    assert isinstance(symbol_values(cap.symbols, cap.graph, [torch.randn(4, 3)]), str)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_direct_entry_traces_once_for_many_sizes(backend):
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).eval()
+    f = novaforge.compile(mod, backend=backend, dynamic={"input": {0: (2, 256)}})
+    with torch.no_grad():
+        for n in (4, 7, 33, 4):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(f(x), mod(x), atol=1e-5, rtol=1e-5)
+        assert f.dynamic.traces == 1 and f.dynamic.specializations == 3 and f.compilations == 3
+        f(torch.randn(300, 8))  # outside the range: captured on its own, still correct
+        assert f.dynamic.traces == 1 and f.compilations == 4
+
+
+def test_direct_entry_branches_and_fallbacks_stay_correct():
+    def f(x):
+        return x.sum() if x.shape[0] > 8 else x * 3
+
+    cf = novaforge.compile(f, backend="interpret", dynamic=True)
+    for n in (16, 12, 4, 3):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(cf(x), f(x))
+    assert cf.dynamic.traces == 1  # 16 and 12 share the trace; 4 and 3 fail its guard
+
+
+def test_a_trace_that_specializes_falls_back_per_size():
+    def f(x):
+        return x[:, -1], x * 2  # a returned view of the input: its layout pins the sizes
+
+    cf = novaforge.compile(f, backend="cpu", dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(3, n)
+        got, want = cf(x), f(x)
+        torch.testing.assert_close(got[1], want[1])
+        assert got[0].data_ptr() == want[0].data_ptr()
+    assert cf.dynamic.specializations == 0 and cf.compilations == 2
+    with pytest.raises(ValueError):
+        novaforge.compile(f, dynamic={"nope": {0: None}})(torch.randn(3))
+
+
+def test_dynamo_dynamic_graph_is_lowered_once():
+    from novaforge.frontend import dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.LayerNorm(8)).eval()
+    cf = torch.compile(mod, backend="novaforge", dynamic=True)
+    lowered, retraced, built = dynamo.SYMBOLIC_LOWERINGS[0], dynamo.STATIC_RETRACES[0], dynamo.PROGRAMS_BUILT[0]
+    with torch.no_grad():
+        for n in (3, 5, 9, 5):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(cf(x), mod(x))
+    assert dynamo.SYMBOLIC_LOWERINGS[0] - lowered == 1
+    assert dynamo.STATIC_RETRACES[0] - retraced == 0
+    assert dynamo.PROGRAMS_BUILT[0] - built == 3
