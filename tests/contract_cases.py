@@ -60,6 +60,10 @@ ALIAS_CASES = {
     # eager's size-1 dim keeps the slice's stride (96), novaforge's is contiguous (48): same layout
     "flattened_size_one_slice": lambda x: (lambda v: (v.flatten(0), v))(x.repeat(1, 1, 2, 1)[-1:1:2]),
     "view_before_its_base": lambda x: (lambda y: (y[1], y.chunk(2, 1)[-1], y))(x * 2),
+    # views of an intermediate that is not returned: the program returns it as a hidden leaf
+    "views_of_an_unreturned_result": lambda x: (lambda y: (y[0], y[1:]))(x * 2),
+    "view_of_a_view_of_an_unreturned_result": lambda x: (lambda v: (v[2], v))(x.mean(0)[1:]),
+    "transposed_views_of_an_unreturned_result": lambda x: (lambda y: (y.t()[1], y[:, 2:]))(x.exp()),
 }
 
 

@@ -126,10 +126,14 @@ def _can_rebuild(base: torch.Tensor, t: torch.Tensor) -> bool:
     return view is not None and (view.is_contiguous() or not t.is_contiguous())
 
 
-def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) -> list[pytrees.Spec | None]:
+def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int],
+                     hidden: list[int] | None = None) -> list[pytrees.Spec | None]:
     """For each result tensor in flattening order: how eager's result aliases an input or another
     result (`in_view`, `out_ref`, `out_view`), or None for a fresh leaf. A view's base may come
-    before it or after it (`(y[0], y)`): leaf numbers count only the results that stay leaves."""
+    before it or after it (`(y[0], y)`): leaf numbers count only the results that stay leaves.
+    Results that share the storage of an intermediate the program does not return (`y[0]` and
+    `y[1:]` of an unreturned `y`) become views of that base, returned as a hidden leaf after
+    all others: `hidden` receives, per hidden leaf, the number of a result whose `_base` it is."""
     n = len(results)
     kind: list[tuple | None] = [None] * n  # ("ref"|"view", result number) or ("in", input number)
     for k, t in enumerate(results):
@@ -152,6 +156,21 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
         elif bases:  # a later base: the largest one (the tensor the others are views of)
             j = max(bases, key=lambda j: results[j].numel())
             kind[k], is_base[j] = ("view", j), True
+    hidden_of: dict[Any, int] = {}  # storage -> hidden leaf number
+    for k, t in enumerate(results):
+        st = _storage(t)
+        if hidden is None or kind[k] is not None or st is None or is_base[k]:
+            continue
+        sharing = [j for j in range(n) if kind[j] is None and not is_base[j] and _storage(results[j]) == st
+                   and results[j] is not t]
+        base = t._base
+        if not sharing or base is None or not all(_can_rebuild(base, results[j]) for j in [k, *sharing]):
+            continue
+        if st not in hidden_of:
+            hidden_of[st] = len(hidden)
+            hidden.append(k)
+        for j in [k, *sharing]:
+            kind[j] = ("hidden", hidden_of[st])
     same_as: dict[int, int] = {}  # the same tensor again, where its first occurrence became a view
     for k in range(n):
         what = kind[k]
@@ -174,6 +193,9 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int]) ->
         elif what[0] == "in":
             lay = _layout(t)
             out.append(pytrees.Spec("in_view", value=lay, index=what[1], key=("in_view", what[1], lay)))
+        elif what[0] == "hidden":  # a view of the hidden leaf after the `count` plain ones
+            j, lay = count + what[1], (_layout(t), _layout(t._base))
+            out.append(pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay)))
         else:
             j, lay = leaf_no[what[1]], (_layout(t), _layout(results[what[1]]))
             out.append(pytrees.Spec("out_view", value=lay, index=j, key=("out_view", j, lay)))
@@ -186,7 +208,8 @@ def _alias_classifier(inputs: list[torch.Tensor], results: list[torch.Tensor], o
     `results` are all result tensors in flattening order, inputs included. The plain,
     non-functionalized trace sees real aliasing; a functionalized re-trace replays what the
     plain one found (there `x.add_(1).contiguous()` of a strided `x` would look like `x` itself,
-    where eager's is a fresh tensor)."""
+    where eager's is a fresh tensor). `out_info["hidden"]` gets the bases returned as hidden
+    leaves (see `_alias_decisions`): in a re-trace, the bases of the results at the same places."""
     if "aliases" not in out_info:
         in_ids = {id(t): i for i, t in enumerate(inputs)}
         in_storage: dict[Any, int] = {}
@@ -195,10 +218,23 @@ def _alias_classifier(inputs: list[torch.Tensor], results: list[torch.Tensor], o
             if st is not None:
                 in_storage.setdefault(st, i)
         others = [t for t in results if id(t) not in in_ids]
-        found_others = iter(_alias_decisions(others, in_storage))
-        out_info["aliases"] = [
-            pytrees.Spec("in_tensor", index=in_ids[id(t)], key=("in_tensor", in_ids[id(t)])) if id(t) in in_ids
-            else next(found_others) for t in results]
+        hidden: list[int] = []
+        at = {id(t): k for k, t in enumerate(results)}
+
+        def decide(hidden_list: list[int] | None) -> list[pytrees.Spec | None]:
+            found_others = iter(_alias_decisions(others, in_storage, hidden_list))
+            return [pytrees.Spec("in_tensor", index=in_ids[id(t)], key=("in_tensor", in_ids[id(t)]))
+                    if id(t) in in_ids else next(found_others) for t in results]
+
+        out_info["aliases"] = decide(hidden)
+        out_info["hidden_at"] = [at[id(others[k])] for k in hidden]
+        # without hidden leaves: for a re-trace whose views lost their base (functionalized
+        # traces): such results then come back as unshared copies with the right values
+        out_info["aliases_unhidden"] = decide(None) if hidden else out_info["aliases"]
+    bases = [results[k]._base for k in out_info["hidden_at"]]
+    if any(b is None for b in bases):
+        out_info["aliases"], out_info["hidden_at"], bases = out_info["aliases_unhidden"], [], []
+    out_info["hidden"] = bases
     found = iter(out_info["aliases"])
     return lambda t, leaves: next(found, None)
 
@@ -328,7 +364,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
                                    tensor_alias=_alias_classifier(tensor_args, results, out_info))
         out_info["spec"] = flat_out.spec
         out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)
-        return flat_out.leaves
+        return [*flat_out.leaves, *out_info["hidden"]]  # hidden bases: leaves after the plain ones
 
     t0 = time.perf_counter()
     example = ([p.detach() for p in params.values()], list(buffers.values()), list(flat_in.leaves))
