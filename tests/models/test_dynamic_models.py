@@ -39,3 +39,18 @@ def test_dynamo_dynamic_lowers_once_for_every_length(name):
             torch.testing.assert_close(compiled(ids).last_hidden_state, model(ids).last_hidden_state,
                                        atol=2e-5, rtol=1e-4)
     assert dynamo.STATIC_RETRACES[0] == retraced
+
+
+def test_generate_with_a_dynamic_cache_traces_prefill_and_decode_once():
+    from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256)).eval()
+    ids = torch.randint(0, 500, (1, 8))
+    compiled = novaforge.compile(model, dynamic=True)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache())
+        got = compiled.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache())
+    assert torch.equal(got, want)
+    assert compiled.dynamic.traces == 2  # the prefill and one decode step, whatever the cache length
+    assert compiled.dynamic.specializations == 10

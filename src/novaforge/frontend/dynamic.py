@@ -77,7 +77,9 @@ def symbolic_inputs(tensors: Sequence[torch.Tensor], dims: Sequence[DimRanges]):
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     fakes = []
     for t, ds in zip(tensors, dims, strict=True):
-        sizes = [DimDynamic.DYNAMIC if d in ds else DimDynamic.STATIC for d in range(t.dim())]
+        # duck sizing: dims of the same size share a symbol (as Dynamo does), so a K and a V cache
+        # of one length stay one length; a call where they differ binds no values (static path)
+        sizes = [DimDynamic.DUCK if d in ds else DimDynamic.STATIC for d in range(t.dim())]
         ctx = StatelessSymbolicContext(dynamic_sizes=sizes)
         f = mode.from_tensor(t, symbolic_context=ctx)
         for d, (lo, hi) in ds.items():
