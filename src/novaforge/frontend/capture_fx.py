@@ -68,12 +68,27 @@ def _has_mutation(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+# backward ops that a traced `torch.autograd.grad` (compile_step) leaves in the graph: their
+# decompositions are pointwise ops and reductions the passes fuse and the backends generate,
+# where the ops themselves would run as ATen calls between kernels
+_BACKWARD_DECOMPOSED = (
+    "native_layer_norm_backward", "_fused_rms_norm_backward", "native_group_norm_backward", "gelu_backward",
+    "silu_backward", "tanh_backward", "sigmoid_backward", "threshold_backward", "_log_softmax_backward_data",
+    "_softmax_backward_data", "nll_loss_backward", "embedding_dense_backward", "native_dropout_backward",
+    "mse_loss_backward", "select_backward", "slice_backward",
+)
+
+
 def _decompositions() -> dict:
     """Ops whose in-place effects functionalization cannot see unless they are decomposed
-    (native_batch_norm updates running statistics without declaring it in its schema)."""
+    (native_batch_norm updates running statistics without declaring it in its schema), and the
+    backward ops of `_BACKWARD_DECOMPOSED`."""
     from torch._decomp import get_decompositions
 
-    return get_decompositions([torch.ops.aten.native_batch_norm.default])
+    aten = torch.ops.aten
+    ops = [aten.native_batch_norm.default] + [getattr(aten, name) for name in _BACKWARD_DECOMPOSED
+                                              if hasattr(aten, name)]
+    return get_decompositions(ops)
 
 
 def _storage(t: torch.Tensor) -> Any:
