@@ -132,6 +132,10 @@ class InputSpec:
     tensor: torch.Tensor | None = None
 
 
+_SIZE_QUERIES = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                 torch.ops.aten.sym_storage_offset.default)
+
+
 class LowerCtx:
     """What a lowering builder sees: emit IR nodes, look up values, read the FX node's meta."""
 
@@ -166,7 +170,7 @@ class LowerCtx:
         used = set()
         for u in self.fx_node.users:
             if u.target is operator.getitem and isinstance(u.args[1], int):
-                if u.users:
+                if any(w.target not in _SIZE_QUERIES for w in u.users):  # a size query reads no data
                     used.add(u.args[1])
             else:
                 return set(range(len(self.out_types)))

@@ -423,7 +423,7 @@ def _cast_vjp(b, n, cts):
 
 
 @cast.lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other,
-             aten.type_as.default)
+             aten.type_as.default, torch.ops.prims.convert_element_type.default)
 def _lower_to(ctx, x, *args, **kwargs):
     t = ctx.out_type
     v = ctx.val(x)

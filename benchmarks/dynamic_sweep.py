@@ -1,0 +1,138 @@
+"""Sequence-length sweep (issue 16): compile counts and total time of one model called once at
+every length of a range, per runner, each runner in a fresh process with empty compile caches.
+
+    PYTHONPATH=src python benchmarks/dynamic_sweep.py --model gpt2 --lengths 8:40 [--runners ...]
+
+Runners:
+  nf-static       novaforge.compile(model): a program per length, each traced on its own
+  nf-dynamic      novaforge.compile(model, dynamic={"input_ids": {1: (2, 4096)}}): one trace
+  nf-dynamo       torch.compile(model, backend="novaforge", dynamic=True): one symbolic lowering
+  inductor        torch.compile(model, dynamic=True)
+  eager           the model itself (no compile)
+After the sweep each runner times 20 calls at lengths 32 and 128 (median ms). Outputs are
+checked against eager at every length (max abs difference printed). Prints one JSON line per
+runner, and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNNERS = ("eager", "nf-static", "nf-dynamic", "nf-dynamo", "inductor")
+
+
+def _model(name: str):
+    import torch
+
+    from novaforge.bench.workloads import build_inference_model
+
+    model, vocab = build_inference_model(f"{name}-tiny")
+    torch.manual_seed(0)
+    return model.eval(), vocab
+
+
+def _compiled(runner: str, model):
+    import torch
+
+    import novaforge
+
+    if runner == "eager":
+        return model, lambda: 0
+    if runner == "nf-static":
+        c = novaforge.compile(model, backend="cpu")
+        return c, lambda: c.compilations
+    if runner == "nf-dynamic":
+        c = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 4096)}})
+        return c, lambda: c.compilations
+    from novaforge.frontend import dynamo
+
+    if runner == "nf-dynamo":
+        c = torch.compile(model, backend="novaforge", dynamic=True)
+        return c, lambda: dynamo.PROGRAMS_BUILT[0]
+    if runner == "inductor":
+        from torch._dynamo.utils import counters
+
+        c = torch.compile(model, dynamic=True)
+        return c, lambda: counters["inductor"].get("fxgraph_cache_miss", 0) + counters["inductor"].get(
+            "fxgraph_cache_bypass", 0) or counters["stats"].get("unique_graphs", 0)
+    raise ValueError(runner)
+
+
+def worker(runner: str, model_name: str, lengths: list[int]) -> dict:
+    import torch
+
+    torch.set_num_threads(2)
+    model, vocab = _model(model_name)
+    fn, count = _compiled(runner, model)
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.randint(0, vocab, (1, n), generator=g)
+            out = fn(input_ids=ids).last_hidden_state
+            ref = model(input_ids=ids).last_hidden_state if runner != "eager" else out
+            worst = max(worst, (out - ref).abs().max().item())
+    sweep_s = time.perf_counter() - t0
+    programs = count()
+    lat = {}
+    with torch.no_grad():
+        for n in (32, 128):
+            ids = torch.randint(0, vocab, (1, n), generator=g)
+            fn(input_ids=ids)
+            ts = []
+            for _ in range(20):
+                a = time.perf_counter()
+                fn(input_ids=ids)
+                ts.append(time.perf_counter() - a)
+            lat[n] = statistics.median(ts) * 1e3
+    return {"runner": runner, "model": model_name, "lengths": f"{lengths[0]}..{lengths[-1]}", "sweep_s": sweep_s,
+            "programs": programs, "max_abs_diff": worst, "ms_at_32": lat[32], "ms_at_128": lat[128],
+            "programs_after_latency": count()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--lengths", default="8:40", help="first:last (inclusive)")
+    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    lo, hi = (int(x) for x in a.lengths.split(":"))
+    lengths = list(range(lo, hi + 1))
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.model, lengths)))
+        return
+    rows = []
+    for r in a.runners.split(","):
+        with tempfile.TemporaryDirectory() as nf_cache, tempfile.TemporaryDirectory() as ind_cache:
+            env = {**os.environ, "NOVAFORGE_CACHE_DIR": nf_cache, "TORCHINDUCTOR_CACHE_DIR": ind_cache,
+                   "NOVAFORGE_GRAPH_CACHE": "0"}
+            load0 = os.getloadavg()[0]
+            p = subprocess.run([sys.executable, __file__, "--worker", r, "--model", a.model, "--lengths", a.lengths],
+                               env=env, capture_output=True, text=True, timeout=3600)
+            load1 = os.getloadavg()[0]
+        line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
+        if line is None:
+            print(f"{r}: failed\n{p.stderr[-2000:]}", file=sys.stderr)
+            continue
+        row = json.loads(line)
+        row["load"] = [round(load0, 2), round(load1, 2)]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(f"\n| runner | programs built | sweep {a.lengths} (s) | ms @32 | ms @128 | max abs diff | load before/after |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['runner']} | {row['programs']} | {row['sweep_s']:.1f} | {row['ms_at_32']:.2f} | "
+              f"{row['ms_at_128']:.2f} | {row['max_abs_diff']:.1e} | {row['load'][0]} / {row['load'][1]} |")
+
+
+if __name__ == "__main__":
+    main()
