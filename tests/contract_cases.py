@@ -206,6 +206,21 @@ def check_zero_size_operand_errors(backend: str) -> None:
     else:
         torch.testing.assert_close(got, want)
 
+    # a batched matmul of a zero-size float64 and a float32 operand: eager runs it (by a route
+    # whose result dtype the trace cannot see), the mm its decomposition folds to would raise:
+    # matched, or refused clearly, never eager's error where eager has none
+    def bmm(x, w):
+        return torch.matmul(torch.stack([x, x], 0), w)
+
+    x, w = torch.randn(0, 4, dtype=torch.float64), torch.randn(1, 4, 8)
+    want = bmm(x, w)
+    try:
+        got = novaforge.compile(bmm, backend=backend)(x, w)
+    except novaforge.UnsupportedError as e:
+        assert "another route" in str(e)
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+
 
 def check_parameters_seen(backend: str, freeze: bool) -> None:
     torch.manual_seed(0)

@@ -476,8 +476,19 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
                    and n.target is not torch.ops.aten._assert_tensor_metadata.default)
     converter = SymbolConverter() if dynamic is not None else contextlib.nullcontext()
     try:
-        with converter:
-            graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
+        try:
+            with converter:
+                graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
+        except RuntimeError as e:
+            if not getattr(e, "_nf_arg_check", False) or fake or dynamic is not None:
+                raise
+            eager_exc = _eager_error(traced, example)  # eager's verdict on the inputs the check refused
+            if eager_exc is not None:
+                raise _traced(eager_exc) from None
+            # eager runs them: the check met an op of a traced decomposition that is stricter than
+            # eager's own route (the `mm` that a zero-size mixed-dtype `matmul` folds to; eager's
+            # result dtype there follows its route, which the trace does not show): refuse clearly
+            raise UnsupportedError(f"{e} (eager accepts these inputs by another route; not compiled)") from None
     except UnsupportedError as e:
         raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
     t2 = time.perf_counter()

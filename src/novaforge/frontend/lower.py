@@ -433,7 +433,11 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     args, kwargs = (_with_sizes(ctx, n.args), _with_sizes(ctx, n.kwargs)) if active_converter() else (n.args, n.kwargs)
     check = ARG_CHECKS.get(target)
     if check is not None:  # eager's argument checks, which decompositions and zero-size fills skip
-        check(ctx, *args, **kwargs)
+        try:
+            check(ctx, *args, **kwargs)
+        except RuntimeError as e:
+            e._nf_arg_check = True  # type: ignore[attr-defined]  # the capture confirms it with eager
+            raise
     if _all_outputs_empty(n):
         result = _empty_results(ctx)
     elif rule is not None:
