@@ -67,6 +67,24 @@ ALIAS_CASES = {
 }
 
 
+def check_views_of_an_unreturned_result_in_a_mutating_function(backend: str) -> None:
+    """The function also mutates an input (its graph is functionalized, where views lose their
+    base): the views still share the hidden base's storage, and the input is updated."""
+    def fn(x, y):
+        v = x != 0
+        y.fill_(1)
+        return v.narrow(0, 1, 2), v.select(0, 2)
+
+    x, y = torch.randn(4, 5), torch.randn(3)
+    y2 = y.clone()
+    want = fn(x, y)
+    got = novaforge.compile(fn, backend=backend)(x, y2)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert _aliases(got, (x, y2)) == _aliases(want, (x, y))
+    torch.testing.assert_close(y2, y)
+
+
 def check_views_of_a_transposed_result(backend: str) -> None:
     """Eager lays `y` out transposed (it follows its input's strides) and returns views of it;
     the program's `y` may be laid out otherwise, but the views must still share its storage and

@@ -19,6 +19,7 @@ from contract_cases import (
     check_parameters_seen,
     check_result_read_before_a_later_mutation,
     check_views_of_a_transposed_result,
+    check_views_of_an_unreturned_result_in_a_mutating_function,
     check_zero_size_operand_errors,
 )
 
@@ -95,3 +96,8 @@ def test_mutated_strided_input_made_contiguous_is_fresh(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_result_keeps_the_value_before_a_later_mutation(backend):
     check_result_read_before_a_later_mutation(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_views_of_an_unreturned_result_in_a_mutating_function(backend):
+    check_views_of_an_unreturned_result_in_a_mutating_function(backend)

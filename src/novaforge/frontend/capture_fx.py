@@ -243,10 +243,14 @@ def _alias_classifier(inputs: list[torch.Tensor], results: list[torch.Tensor], o
 
         out_info["aliases"] = decide(hidden)
         out_info["hidden_at"] = [at[id(others[k])] for k in hidden]
+        out_info["hidden_layout"] = [_layout(others[k]._base) for k in hidden]
         # without hidden leaves: for a re-trace whose views lost their base (functionalized
         # traces): such results then come back as unshared copies with the right values
         out_info["aliases_unhidden"] = decide(None) if hidden else out_info["aliases"]
     bases = [results[k]._base for k in out_info["hidden_at"]]
+    if any(b is None for b in bases):  # a functionalized re-trace: the base, viewed from its view
+        bases = [results[k].as_strided(size, stride, 0)
+                 for k, (size, stride, _) in zip(out_info["hidden_at"], out_info["hidden_layout"], strict=True)]
     if any(b is None for b in bases):
         out_info["aliases"], out_info["hidden_at"], bases = out_info["aliases_unhidden"], [], []
     out_info["hidden"] = bases
