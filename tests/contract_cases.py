@@ -346,3 +346,27 @@ def check_index_error(backend: str) -> None:
         e(ids)
     with pytest.raises(IndexError):
         novaforge.compile(e, backend=backend)(ids)
+
+
+def check_mutation_from_another_mutated_input(backend: str) -> None:
+    """An input's new value is another input's old value, and that input is mutated too (fuzz
+    seed 509421): eager writes x0 before x1 changes; the compiled call must neither update x1 in
+    place before x0 reads it nor write x1 back first."""
+    def f(x0, x1):
+        v = x0.copy_(x1)
+        x1.relu_()
+        return v
+
+    def g(x1, x0):  # the same with the inputs' order (the write-backs' order) reversed
+        x0.copy_(x1)
+        x1.relu_()
+        return x0
+
+    for fn in (f, g):
+        a, b = torch.tensor([-0.375, 2.0]), torch.tensor([-1.5, 0.25])
+        a2, b2 = a.clone(), b.clone()
+        want = fn(a, b)
+        got = novaforge.compile(fn, backend=backend)(a2, b2)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(a2, a)
+        torch.testing.assert_close(b2, b)

@@ -249,15 +249,37 @@ class _Entry:
                 results[i] = results[i].clone()
             results = fresh_outputs(results, tensors, refs)
         if self.mut_targets:
+            dsts = [tensors[i] if kind == "user" else refs[i] for kind, i in self.mut_targets]
             with torch.no_grad():
-                for (kind, i), val in zip(self.mut_targets, new_vals, strict=True):
-                    write_back(tensors[i] if kind == "user" else refs[i], val)
+                new_vals = _unshared_from(new_vals, dsts)
+                for dst, val in zip(dsts, new_vals, strict=True):
+                    write_back(dst, val)
         if self.out_is_leaf:
             return results[0]
         spec = self.captured.out_spec
         if isinstance(spec, pytrees.Spec):
             return pytrees.unflatten(spec, list(results), inputs_objs=objs, inputs_tensors=tensors)
         return pytree.tree_unflatten(list(results), spec)
+
+
+def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The new values of mutated inputs, each cloned where it shares memory with another mutated
+    input (`x0.copy_(x1); x1.relu_()`: x0's new value is x1's old one, which the write-back of
+    x1 would overwrite first); a value in its own input's buffer is written back as it is."""
+    def ptr(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr() if t.device.type != "meta" and t.numel() else 0
+
+    dst_ptrs = [ptr(d) for d in dsts]
+    count: dict[int, int] = {}
+    for q in dst_ptrs:
+        count[q] = count.get(q, 0) + 1
+    out = []
+    for k, v in enumerate(vals):
+        p = ptr(v)
+        if p and p in count and (p != dst_ptrs[k] or count[p] > 1):  # another input's memory
+            v = v.clone()
+        out.append(v)
+    return out
 
 
 def _distinct(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:

@@ -16,6 +16,7 @@ from contract_cases import (
     check_inputs_sharing_memory,
     check_integer_pow,
     check_mutated_input_then_contiguous,
+    check_mutation_from_another_mutated_input,
     check_parameters_seen,
     check_result_read_before_a_later_mutation,
     check_views_of_a_transposed_result,
@@ -101,3 +102,8 @@ def test_result_keeps_the_value_before_a_later_mutation(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_views_of_an_unreturned_result_in_a_mutating_function(backend):
     check_views_of_an_unreturned_result_in_a_mutating_function(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mutation_from_another_mutated_input(backend):
+    check_mutation_from_another_mutated_input(backend)

@@ -10,6 +10,8 @@ from contract_cases import (
     check_constant_output_not_shared,
     check_expanded_input_mutation,
     check_input_mutation,
+    check_mutation_from_another_mutated_input,
+    check_views_of_an_unreturned_result_in_a_mutating_function,
     check_inputs_sharing_memory,
     check_integer_pow,
     check_mutated_input_then_contiguous,
@@ -61,3 +63,11 @@ def test_mutated_strided_input_made_contiguous_is_fresh():
 
 def test_result_keeps_the_value_before_a_later_mutation():
     check_result_read_before_a_later_mutation("triton")
+
+
+def test_mutation_from_another_mutated_input():
+    check_mutation_from_another_mutated_input("triton")
+
+
+def test_views_of_an_unreturned_result_in_a_mutating_function():
+    check_views_of_an_unreturned_result_in_a_mutating_function("triton")

@@ -481,14 +481,15 @@ class _Layout:
 
 def _mutated_input_uses(graph: Graph) -> tuple[dict[Value, Value], dict[Value, int], set[Value]]:
     """What an in-place update of a mutated input must respect: each new value's input, the
-    last node reading each value or a view of it, and the values returned themselves or through
-    a view."""
+    last node reading each value or a view of it, and the values read after the program ran,
+    themselves or through a view: the outputs, and the new values of mutated inputs (an input's
+    old value written back into another input, `x0.copy_(x1); x1.relu_()`)."""
     root = view_roots(graph.nodes)
     later_use: dict[Value, int] = {}
     for i, n in enumerate(graph.nodes):
         for v in n.inputs:
             later_use[root.get(v, v)] = i
-    returned = {root.get(v, v) for v in graph.outputs}
+    returned = {root.get(v, v) for v in graph.outputs} | {root.get(new, new) for _, new in graph.mutations}
     return {new: old for old, new in graph.mutations}, later_use, returned
 
 
