@@ -6,9 +6,11 @@ non-tensor arguments); a call whose signature has no program compiles a new one.
 and buffers are read from the module at every call (in-place updates are seen), unless
 `freeze=True` made them constants of the program.
 
-Gradients: a call that needs them (grad mode on and an input or parameter requiring grad) runs
-the optimized graph through the reference interpreter with autograd recording, so gradients
-are correct; it never silently detaches.
+Gradients: a module call that needs them (grad mode on and an input or parameter requiring
+grad) runs AOTAutograd's forward and backward graphs compiled by novaforge (training.TrainEntry);
+a plain function's call that needs them runs the optimized graph through the reference
+interpreter with autograd recording. Either way gradients are correct; nothing silently detaches.
+`dynamic=` traces chosen sizes once as symbols (frontend/symbolic_entry.py).
 """
 
 from __future__ import annotations
