@@ -84,6 +84,14 @@ def check_views_of_an_unreturned_result_in_a_mutating_function(backend: str) -> 
     assert _aliases(got, (x, y2)) == _aliases(want, (x, y))
     torch.testing.assert_close(y2, y)
 
+    def empty_views(x):  # zero-size views, one updated in place (fuzz seed 606890): no hidden base
+        v = torch.stack([x, x], 2).narrow(2, 2, 0)
+        return v.sigmoid_(), v.flatten(2)
+
+    x = torch.randn(1, 8, 1)
+    for g, w in zip(novaforge.compile(empty_views, backend=backend)(x), empty_views(x), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+
 
 def check_views_of_a_transposed_result(backend: str) -> None:
     """Eager lays `y` out transposed (it follows its input's strides) and returns views of it;

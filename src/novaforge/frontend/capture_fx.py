@@ -179,7 +179,10 @@ def _alias_decisions(results: list[torch.Tensor], in_storage: dict[Any, int],
         sharing = [j for j in range(n) if kind[j] is None and not is_base[j] and _storage(results[j]) == st
                    and results[j] is not t]
         base = t._base
-        if not sharing or base is None or not all(_can_rebuild(base, results[j]) for j in [k, *sharing]):
+        # results without elements share nothing observable (and a functionalized re-trace
+        # could not view the base back from them)
+        if not sharing or base is None or not all(_can_rebuild(base, results[j]) and results[j].numel()
+                                                  for j in [k, *sharing]):
             continue
         if st not in hidden_of:
             hidden_of[st] = len(hidden)
