@@ -9,6 +9,7 @@ from contract_cases import (
     check_aliasing,
     check_concurrent_first_calls,
     check_constant_output_not_shared,
+    check_contiguous_view_of_a_transposed_result,
     check_dtype_errors,
     check_expanded_input_mutation,
     check_index_error,
@@ -82,6 +83,11 @@ def test_zero_size_products_keep_eager_errors(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_views_of_a_result_laid_out_otherwise_share_its_storage(backend):
     check_views_of_a_transposed_result(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_view_contiguous_only_in_eagers_layout_of_its_base(backend):
+    check_contiguous_view_of_a_transposed_result(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -138,17 +138,14 @@ def unflatten(spec: Spec, leaves: list[Any], *, inputs_objs: list[Any] | None = 
     caller's tensors. `objs_out`, when given, receives every object rebuilt, by number."""
     built: dict[int, Any] = {}
     views: dict[int, torch.Tensor] = {}
+    leaves = _laid_out_for_views(spec, leaves)
 
     def _view(s: Spec) -> torch.Tensor:
         if s.kind == "in_view":
             assert inputs_tensors is not None
             return inputs_tensors[s.index].as_strided(*s.value)
         view = view_of_result(leaves[s.index], *s.value)
-        if view is None:  # a base laid out so that the view cannot follow it: the right values, unshared
-            base_size, base_stride = s.value[1][0], s.value[1][1]
-            eager_laid = torch.empty_strided(base_size, base_stride, dtype=leaves[s.index].dtype,
-                                             device=leaves[s.index].device)
-            view = view_of_result(eager_laid.copy_(leaves[s.index]), *s.value)
+        assert view is not None, "a result base not re-laid out for its view"
         return view
 
     def go(s: Spec) -> Any:
@@ -214,6 +211,46 @@ def view_of_result(base: torch.Tensor, view_layout: tuple, base_layout: tuple) -
         return None
     new_offset = base.storage_offset() + sum(i * base.stride(d) for d, i in enumerate(start))
     return base.as_strided(size, new_stride, new_offset)
+
+
+def _laid_out_for_views(spec: Spec, leaves: list[Any]) -> list[Any]:
+    """`leaves`, with each result base that one of its `out_view`s cannot follow (no view of the
+    base's own layout has the view's elements, or that view is not contiguous where eager's is:
+    a row of a transposed base) replaced by a copy laid out as eager's base. The base and all
+    its views then share that copy's storage, as eager's do (one copy, only in this case)."""
+    out = leaves
+    for s in _out_views(spec):
+        base = out[s.index]
+        view = view_of_result(base, *s.value)
+        if view is not None and (view.is_contiguous() or not _contiguous_layout(*s.value[0][:2])):
+            continue
+        size, stride = s.value[1][0], s.value[1][1]
+        if out is leaves:
+            out = list(leaves)
+        out[s.index] = torch.empty_strided(size, stride, dtype=base.dtype, device=base.device).copy_(base)
+    return out
+
+
+def _out_views(spec: Spec) -> list[Spec]:
+    found: list[Spec] = []
+
+    def go(s: Spec) -> None:
+        if s.kind == "out_view":
+            found.append(s)
+        for k in s.children:
+            go(k)
+
+    go(spec)
+    return found
+
+
+def _contiguous_layout(size: tuple, stride: tuple) -> bool:
+    expected = 1
+    for n, st in reversed(list(zip(size, stride, strict=True))):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
 
 
 def non_plain_consts(spec: Spec) -> list[Any]:

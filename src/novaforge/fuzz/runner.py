@@ -41,9 +41,6 @@ TAG = "@@nf-fuzz "
 KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
     ("layout", r"not contiguous \(strides \(0,", ("triton",),
      "triton program returns an expand view of its private input copy (x.repeat of a strided input)"),
-    ("alias", r"do not share storage, eager's do", ("cpu", "triton", "interpret"),
-     "frontend/capture_fx.py: a result eager lays out transposed (x.t().to(f32)) and a view of it that "
-     "is contiguous only in eager's layout come back unshared (pytrees.view_of_result refuses)"),
     ("layout", r"is not contiguous", ("triton",),
      "triton program: x.transpose(..).contiguous() of an expanded input returned as a strided view"),
     ("layout", r"is not contiguous", ("interpret",),

@@ -8,16 +8,17 @@ from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
     check_constant_output_not_shared,
+    check_contiguous_view_of_a_transposed_result,
     check_expanded_input_mutation,
     check_input_mutation,
-    check_mutation_from_another_mutated_input,
-    check_views_of_an_unreturned_result_in_a_mutating_function,
     check_inputs_sharing_memory,
     check_integer_pow,
     check_mutated_input_then_contiguous,
+    check_mutation_from_another_mutated_input,
     check_parameters_seen,
     check_result_read_before_a_later_mutation,
     check_views_of_a_transposed_result,
+    check_views_of_an_unreturned_result_in_a_mutating_function,
 )
 
 pytestmark = pytest.mark.triton
@@ -51,6 +52,10 @@ def test_expanded_input_mutated_as_eager():
 
 def test_views_of_a_result_laid_out_otherwise_share_its_storage():
     check_views_of_a_transposed_result("triton")
+
+
+def test_view_contiguous_only_in_eagers_layout_of_its_base():
+    check_contiguous_view_of_a_transposed_result("triton")
 
 
 def test_inputs_sharing_memory_mutated_as_eager():
