@@ -127,7 +127,8 @@ def main() -> None:
         row["load"] = [round(load0, 2), round(load1, 2)]
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"\n| runner | programs built | sweep {a.lengths} (s) | ms @32 | ms @128 | max abs diff | load before/after |")
+    print(f"\n| runner | programs built | sweep {a.lengths} (s) | ms @32 | ms @128 | max abs diff "
+          "| load before/after |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['runner']} | {row['programs']} | {row['sweep_s']:.1f} | {row['ms_at_32']:.2f} | "

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from novaforge.ir.symbolic import (Sym, SymbolicDecision, SymbolTable, as_dim, bind_symbols, substitute, symbol,
-                                   using_ranges)
+from novaforge.ir.symbolic import (
+    Sym,
+    SymbolicDecision,
+    SymbolTable,
+    as_dim,
+    bind_symbols,
+    substitute,
+    symbol,
+    using_ranges,
+)
 from novaforge.ir.types import TensorType
 
 s0, s1 = symbol(0), symbol(1)

@@ -31,7 +31,6 @@ Invariant: the callable returned for an ATen graph computes exactly what the gra
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
