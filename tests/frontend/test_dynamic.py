@@ -76,6 +76,47 @@ def test_one_symbolic_trace_specializes_to_eager_at_every_size(name, fn, make, d
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def _symbolic_gpt2(n):
+    from novaforge.bench.workloads import build_inference_model
+
+    model, vocab = build_inference_model("gpt2-tiny")
+    return model, torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["gpt2-tiny"])
+def test_graph_passes_on_a_symbolic_graph_keep_every_size(name):
+    """The graph passes (CSE, folding, simplification, layout, attention fusion) run on the
+    symbolic graph itself; its specializations then still compute eager's values at every
+    size (a pass that decided anything from the captured size would break another size)."""
+    from novaforge.ir.verify import verify
+    from novaforge.passes.pipeline import graph_passes, run_pipeline
+
+    if name == "gpt2-tiny":
+        model, _ = _symbolic_gpt2(16)
+        fn, make, dims = model, lambda n: (_symbolic_gpt2(n)[1],), [{1: (2, 128)}]
+    else:
+        _, fn, make, dims = next(c for c in CASES if c[0] == name)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        cap = capture(fn, make(16), {}, dynamic=dims, freeze=name == "gpt2-tiny")
+        with cap.symbols.ranges_context():
+            graph, _ = run_pipeline(cap.graph, graph_passes(), check=False)
+        verify(graph, "graph passes")
+        assert is_symbolic([v.type for v in graph.values()])
+        for n in (3, 16, 37):
+            args = make(n)
+            values = symbol_values(cap.symbols, graph, list(args))
+            assert isinstance(values, dict), values
+            got = interpret(specialize(graph, values), list(args), check=True)
+            want = fn(*args)
+            if name == "gpt2-tiny":
+                want = want.last_hidden_state
+            want = list(want) if isinstance(want, tuple) else [want]
+            for g, w in zip(got, want, strict=False):
+                assert g.shape == w.shape and g.dtype == w.dtype, (n, g.shape, w.shape)
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
 def test_sizes_outside_the_range_are_not_admitted():
     cap = capture(_softmax_mm, (torch.randn(16, 8), torch.randn(8, 5)), {}, dynamic=[{0: (4, 32)}, {}])
     assert isinstance(symbol_values(cap.symbols, cap.graph, [torch.randn(33, 8), torch.randn(8, 5)]), str)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .graph import Attrs, Graph, Node, Value
+from .symbolic import Sym
 from .types import TensorType
 
 
@@ -34,6 +35,8 @@ def canonical(v: Any) -> str:
         return str(v) + "|" + v.device
     if isinstance(v, tuple):
         return "(" + ",".join(canonical(x) for x in v) + ")"
+    if isinstance(v, Sym):  # a canonical sympy expression: equal expressions print equally
+        return f"sym({v.expr})"
     if isinstance(v, Attrs):
         return "{" + ",".join(f"{k}:{canonical(v[k])}" for k in sorted(v)) + "}"
     key = getattr(v, "structural_key", None)

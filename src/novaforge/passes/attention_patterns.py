@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..ir import OPS, Graph, Node, Rewriter, TensorType, Value
+from ..ir.symbolic import is_symbolic
 
 CONST_EVAL_MAX_ELEMENTS = 1 << 22
 CONST_EVAL_MAX_DEPTH = 64
@@ -65,9 +66,10 @@ class Facts:
         if v in self._const:
             return self._const[v]
         t = self.graph.const_tensor(v)
-        if t is None and depth < CONST_EVAL_MAX_DEPTH and v.type.numel <= CONST_EVAL_MAX_ELEMENTS:
+        if t is None and depth < CONST_EVAL_MAX_DEPTH and not is_symbolic(v.type) \
+                and v.type.numel <= CONST_EVAL_MAX_ELEMENTS:
             n = self.graph.producer(v)
-            if n is not None and _evaluable(n):
+            if n is not None and _evaluable(n) and not is_symbolic(n.attrs):
                 args = [self.const_value(i, depth + 1) for i in n.inputs]
                 if all(a is not None for a in args):
                     t = OPS[n.op].evaluate(args, n.attrs)[n.outputs.index(v)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import OPS, Graph, Rewriter, Value
+from ..ir.symbolic import is_symbolic
 from ..options import Options
 from .context import PassContext, describe
 
@@ -36,6 +37,9 @@ def fold_constants(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for n in graph.nodes:
         d = OPS[n.op]
         ins = [rw.get(v) for v in n.inputs]
+        if is_symbolic(n.attrs) or is_symbolic([o.type for o in n.outputs]):
+            rw.keep(n)  # its value depends on the sizes of the call: never a constant
+            continue
         if d.has("generator"):
             node = rw.keep(n)
             const[node.outputs[0]] = None
