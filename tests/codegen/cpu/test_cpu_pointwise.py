@@ -124,3 +124,13 @@ def test_zero_size():
     x = _r(0, 7)
     check(lambda a: torch.exp(a) + 1, x)
     check(lambda a, b: a * b, _r(3, 0), _r(0))
+
+
+def test_float64_scalar_cast_is_generated_and_float64_math_is_not():
+    """A 0-d float64 input cast to float32 (how Dynamo passes a float attribute such as an
+    epsilon) is loaded by the generated kernel; float64 arithmetic itself runs through torch."""
+    x = _r(4, 33)
+    eps = torch.tensor(1e-6, dtype=torch.float64)
+    check(lambda a, e: torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + e.float()) * a, x, eps, freeze=False)
+    check(lambda a, e: a * e.to(torch.bfloat16).float() - e.to(torch.int64), x, eps * 1e6, freeze=False)
+    check(lambda a, e: (a.double() * e).exp(), x, eps, freeze=False, allow_torch=1)

@@ -33,25 +33,30 @@ STORAGE: dict[torch.dtype, str] = {
     torch.uint8: "uint8_t",
     torch.bool: "uint8_t",  # bools are bytes in memory (a C++ `bool` load blocks GCC's vectorizer)
 }
+# dtypes a kernel may load and cast to a generated dtype, but never compute in: a 0-d float64
+# tensor (Dynamo passes a Python float attribute such as an epsilon as one) cast to float32
+LOAD_ONLY: dict[torch.dtype, str] = {torch.float64: "double"}
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def check_dtype(dtype: torch.dtype) -> None:
-    if dtype not in STORAGE:
+def check_dtype(dtype: torch.dtype, load_only: bool = False) -> None:
+    """Raise Unsupported unless kernels compute in `dtype` (or, with `load_only`, may at least
+    load it for a cast)."""
+    if dtype not in STORAGE and not (load_only and dtype in LOAD_ONLY):
         raise Unsupported(f"dtype {dtype} is not generated on the CPU")
 
 
 def compute_type(dtype: torch.dtype) -> str:
-    check_dtype(dtype)
+    check_dtype(dtype, load_only=True)
     if dtype == torch.bool:
         return "bool"
-    return "float" if dtype in FLOATS else STORAGE[dtype]
+    return "float" if dtype in FLOATS else STORAGE.get(dtype) or LOAD_ONLY[dtype]
 
 
 def storage_type(dtype: torch.dtype) -> str:
-    check_dtype(dtype)
-    return STORAGE[dtype]
+    check_dtype(dtype, load_only=True)
+    return STORAGE.get(dtype) or LOAD_ONLY[dtype]
 
 
 def load_expr(ptr_elem: str, dtype: torch.dtype) -> str:
@@ -267,8 +272,9 @@ def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:
     """C++ expression of `node` applied to compute values `args`."""
     op = node.op
     out_dtype = node.outputs[0].type.dtype
-    for dt in (*in_dtypes, out_dtype):
-        check_dtype(dt)
+    for dt in in_dtypes:
+        check_dtype(dt, load_only=op == "cast")  # a load-only dtype is only ever cast
+    check_dtype(out_dtype)
     dt = in_dtypes[0] if in_dtypes else out_dtype
     render = C_EXPR.get(op)
     if render is None:

@@ -95,7 +95,7 @@ def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, 
     """A generated pointwise or reduction function for `body` (raises Unsupported); `pieces`:
     the body may read cats (pointwise kernels, see pieces.py)."""
     for gi in body.inputs:
-        check_dtype(gi.value.type.dtype)
+        check_dtype(gi.value.type.dtype, load_only=True)  # (its uses are checked: only a cast reads it)
     for o in body.outputs:
         check_dtype(o.type.dtype)
     if space is None:
