@@ -54,7 +54,7 @@ class Unsupported(Exception):
 NOT_GENERATED: dict[str, str] = {
     "argmax": "index reductions are not generated yet", "argmin": "index reductions are not generated yet",
     "cumsum": "scans are not generated yet", "pad": "not generated yet", "scatter_slice": "not generated yet",
-    "index": "multi-axis indexing is not generated yet", "scatter_add": "scatters are not generated yet",
+    "index": "multi-axis indexing is not generated yet",
     "extern": "an ATen call (by definition)", "extern_effect": "an ATen call (by definition)",
 }
 

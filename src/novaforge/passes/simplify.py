@@ -4,8 +4,10 @@ Local rewrites, each exact in floating point (no reassociation): x+0, x-0, x*1, 
 x / 2^k -> x * 2^-k; pow(x, 1 | 2 | 3 | 0.5 | -0.5 | -1) -> x, x*x, x*x*x, sqrt, rsqrt,
 reciprocal; neg(neg x), logical_not(logical_not x) -> x; where(c, x, x) -> x;
 cast(cast(x, wide), narrow) -> cast(x, narrow) when the first cast is lossless; casts to the
-value's own dtype removed. When a rewrite would change the shape through broadcasting, the
-result is an `expand` of the simpler value, so types never change.
+value's own dtype removed; a take at `start + step * arange(n)` (a position embedding's rows)
+-> a strided slice, a view, when every index is provably in range. When a rewrite would
+change the shape through broadcasting, the result is an `expand` of the simpler value, so
+types never change.
 
 Scaled pieces of a cat: cat(neg(a), b, mul(c, k)) -> mul(cat(a, b, c), cat(fill(-1), fill(1),
 fill(k))) when each negation / scalar multiple feeds only the cat (RoPE's rotate_half,
@@ -22,6 +24,7 @@ import math
 import torch
 
 from ..ir import Graph, Node, Rewriter, Value
+from ..ir.symbolic import provably
 from ..ir.types import is_float, is_int
 from .context import PassContext, describe
 from .rules import Match, RuleTable
@@ -122,6 +125,18 @@ def cast_of_lossless_cast(m: Match) -> Value | None:  # cast(cast(x, wide), narr
     if src.attrs["dtype"] not in _LOSSLESS.get(orig.type.dtype, ()):
         return None
     return orig if orig.type.dtype == m.attrs["dtype"] else m.emit("cast", [orig], dtype=m.attrs["dtype"])
+
+
+@SIMPLIFY.rule("take", when=lambda m: m.src(1) is not None and m.src(1).op == "iota")
+def take_of_a_range(m: Match) -> Value | None:  # x.take(start + step * arange(n), axis) -> a strided slice
+    it, ax = m.src(1).attrs, m.attrs["axis"]
+    start, step, n = it["start"], it["step"], it["length"]
+    if not (isinstance(start, int) and isinstance(step, int)) or start < 0 or step < 1:
+        return None
+    stop = start + step * (n - 1) + 1
+    if not provably(lambda: stop <= m.ins[0].type.shape[ax]):  # an index out of range raises, as eager's take
+        return None
+    return m.emit("slice", [m.ins[0]], axis=ax, start=start, stop=stop, step=step)
 
 
 def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:

@@ -1,4 +1,5 @@
-"""Generated gathers (embedding / index_select) and cat against eager; out-of-range indices raise."""
+"""Generated gathers (embedding / index_select), scatters (scatter_add, accumulating index_put) and cat
+against eager; out-of-range indices raise."""
 
 from __future__ import annotations
 
@@ -48,3 +49,61 @@ def test_torch_gather():
     idx = torch.randint(0, 7, (4, 6, 2))
     check(lambda a, i: torch.gather(a, 1, i), x, idx)
     check(lambda a, i: torch.gather(a.transpose(0, 2), 2, i[:3, :, :2] % 5), x, idx)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_scatter_add(dim):
+    x = torch.randn(5, 7, 3)
+    idx = torch.randint(0, x.shape[dim], (4, 6, 2))
+    src = torch.randn(4, 6, 2)
+    check(lambda a, i, s: torch.scatter_add(a, dim, i, s) * 2, x, idx, src)
+    check(lambda a, i, s: torch.scatter_add(a.transpose(0, 1).contiguous().transpose(0, 1), dim, i, s.exp()),
+          x, idx, src)
+    check(lambda i, s: torch.zeros(5, 7, 3, dtype=torch.int64).scatter_add(dim, i, (s * 8).long()), idx, src)
+    check(lambda a, i, s: torch.scatter_add(a, dim, i[:0], s[:0]), x, idx, src, allow_torch=1)
+
+
+def test_index_put_accumulate_rows_is_a_scatter():
+    """The embedding gradient's form (rows of values added at token ids, duplicates and
+    negative ids included), plain and masked, is generated; other index_puts stay ATen calls
+    with eager's errors."""
+    w, g = torch.randn(11, 6), torch.randn(3, 5, 6)
+    ids = torch.randint(-11, 11, (3, 5))
+    ids[0, :3] = 4  # duplicates accumulate
+    check(lambda a, i, v: torch.zeros_like(a).index_put((i,), v, accumulate=True) + a, w, ids, g)
+    check(lambda a, i, v: a.index_put((i,), v[0, 0], accumulate=True), w, ids, g)  # broadcast values
+    masked = torch.ops.aten._unsafe_masked_index_put_accumulate
+    check(lambda a, i, v: masked(torch.zeros_like(a), (i >= 2)[..., None], [i], v), w, ids, g)
+    check(lambda a, i, v: a.index_put((i,), v, accumulate=False), w, ids[:1, :1], g[:1, :1], allow_torch=1)
+    with pytest.raises(RuntimeError):
+        compile_cpu(lambda a, i, v: a.index_put((i,), v.double(), accumulate=True), w, ids, g)
+
+
+def test_scatter_out_of_range_raises():
+    c = compile_cpu(lambda a, i, s: torch.scatter_add(a, 0, i, s), torch.randn(4, 3), torch.tensor([[1, 2, 3]]),
+                    torch.randn(1, 3))
+    with pytest.raises(IndexError):
+        c(torch.randn(4, 3), torch.tensor([[1, 4, 0]]), torch.randn(1, 3))
+
+
+def test_scatter_of_a_value_is_generated():
+    """x.scatter(dim, index, value) (NLL's gradient, a one-hot): where an index hits, the value;
+    duplicates included; out-of-range indices raise."""
+    x = torch.randn(6, 9)
+    t = torch.randint(0, 9, (6, 1))
+    check(lambda a, i: torch.zeros_like(a).scatter(1, i, -1.0) * a, x, t)
+    dup = torch.randint(0, 6, (3, 4)).repeat(2, 1)
+    check(lambda a, i: a.scatter(0, i, 3.0), x, dup)
+    c = compile_cpu(lambda a, i: a.scatter(1, i, 2.0), x, t)
+    with pytest.raises(IndexError):
+        c(x, t + 9)
+
+
+def test_take_of_a_range_is_a_view():
+    """A take at start + step * arange(n) (a position embedding's rows) becomes a slice: no
+    kernel, the same values."""
+    w = torch.randn(16, 5)
+    c = compile_cpu(lambda x: x + w[torch.arange(3, 11, 2)], torch.randn(4, 5))
+    assert not any(n.op == "kernel" and n.attrs["kernel"].kind == "single" for n in c.stats().graph.nodes)
+    check(lambda x: x + w[torch.arange(3, 11, 2)], torch.randn(4, 5))
+    check(lambda x: x + w.t()[:, torch.arange(0, 16)].t(), torch.randn(16, 5))

@@ -262,6 +262,7 @@ TEMPLATES: dict[str, str] = {
     "scalar": "a literal", "full": "a literal", "iota": "index arithmetic",
     "cat": "piecewise loads (pieces.py) or a cat kernel (singles.py)",
     "take": "a gather kernel (singles.py)", "gather": "a gather kernel (singles.py)",
+    "scatter_add": "a scatter kernel (singles.py)",
     "matmul": "nf_gemm with a fused epilogue (matmul.py), or the library matmul and a generated epilogue",
     "attention": "a generated flash-attention kernel (attention.py), or the library's, with a generated epilogue",
 }

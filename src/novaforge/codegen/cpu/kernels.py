@@ -45,7 +45,7 @@ from .loops import (
 )
 from .matmul import GemmPlan, plan_gemm
 from .pieces import has_pieces, plan_pieces
-from .singles import plan_cat, plan_gather, plan_take
+from .singles import plan_cat, plan_gather, plan_scatter_add, plan_take
 
 
 class PlanKind(StrEnum):
@@ -244,12 +244,16 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
             return _plan_anchor(kernel, target, const_bufs, written_outs)
         if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
             op = next((n.op for n in kernel.body.nodes if not OPS[n.op].has("view")), None)
+            if kernel.body.nodes[-1].op == "scatter_add":  # (its base may be a fill made in the kernel)
+                op = "scatter_add"
             if op == "take":
                 return KernelPlan("gen", gen=plan_take(kernel, target))
             if op == "cat":
                 return KernelPlan("gen", gen=plan_cat(kernel, target))
             if op == "gather":
                 return KernelPlan("gen", gen=plan_gather(kernel, target))
+            if op == "scatter_add":
+                return KernelPlan("gen", gen=plan_scatter_add(kernel, target))
             if op is not None and OPS[op].reduce is not None:
                 return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
             if op in NOT_RENDERED:

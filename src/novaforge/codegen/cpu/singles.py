@@ -1,4 +1,4 @@
-"""Generated single-node kernels: embedding gathers (`take`) and `cat`.
+"""Generated single-node kernels: embedding gathers (`take`), `gather`, `scatter_add`, `cat`.
 
 * take(x, idx, axis): out[o, j, e] = x[o, idx[j], e]; rows of contiguous elements are copied
   with memcpy; indices are checked (out of range makes the kernel return 1, which the runtime
@@ -6,20 +6,26 @@
 * cat(x0, x1, ..., axis): one strided copy loop per input into its slice of the output
   (rendered by the pointwise loop renderer with an output offset).
 
+* scatter_add(x, idx, src, axis): out = x, then each src element added at its index, the
+  threads owning distinct output elements (see `plan_scatter_add`).
+
 Invariant: the functions write every element of their output exactly once from the element
-torch would select, or report an out-of-range index without writing garbage silently.
+torch would select (scatter_add: x's element plus, in index order, every src element scattered
+to it), or report an out-of-range index without writing garbage silently.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
+
 from ...ir import OPS, Kernel, Value
 from ...ir.types import TensorType, contiguous_strides
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Leaf, Store, Unsupported, operand
-from .cexpr import check_dtype, storage_type
+from .cexpr import check_dtype, literal, load_expr, storage_type, store_expr
 from .loops import Code, GenKernel, coalesce, function_name, pointwise_loops, render_pointwise, signature
 
 
@@ -203,3 +209,113 @@ def plan_gather(kernel: Kernel, target: CpuTarget) -> GenKernel:
         return code.text()
 
     return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
+
+
+
+
+def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    """torch.scatter_add: out = x, then out[i with i[axis] := idx[i]] += src[i] for every i of
+    idx's shape. The threads split idx's positions along its other axes: each owns distinct
+    output elements (their coordinates off the axis are the index's own), so no two threads add
+    into one element; each walks the axis in order. An index outside [0, x.shape[axis]) makes
+    the kernel return 1 (raised as an IndexError)."""
+    body = kernel.body
+    producer = {o: m for m in body.nodes for o in m.outputs}
+    nodes = [m for m in body.nodes if not OPS[m.op].has("view")]
+    n = nodes[-1] if nodes else None
+    if n is None or n.op != "scatter_add" or list(body.outputs) != [n.outputs[0]]:
+        raise Unsupported("scatter_add kernel with extra nodes, or whose output is a view")
+    fill, src_fill = _fill_of(producer, n.inputs[0]), _fill_of(producer, n.inputs[2])  # made in the kernel
+    if any(all(f is None or m is not f[1] for f in (fill, src_fill)) for m in nodes[:-1]):
+        raise Unsupported("scatter_add kernel with extra nodes")
+    idx = operand(body, n.inputs[1])
+    x = operand(body, n.inputs[0]) if fill is None else None
+    src = operand(body, n.inputs[2]) if src_fill is None else None
+    dtype = n.outputs[0].type.dtype
+    if dtype == torch.bool:
+        raise Unsupported("scatter_add of bool is not generated")
+    check_dtype(dtype)
+    ax = n.attrs["axis"]
+    shape, out_shape = idx.layout.shape, n.outputs[0].type.shape
+    if not shape or len(out_shape) != len(shape):
+        raise Unsupported("scatter_add of a 0-d index")
+    out_strides = contiguous_strides(out_shape)
+    numel, out_numel = math.prod(shape), math.prod(out_shape)
+    others = [d for d in range(len(shape)) if d != ax]
+    positions = math.prod(shape[d] for d in others)
+    along = shape[ax]
+    itemsize = TensorType((), dtype).itemsize
+    sched = configure(KernelShape("pointwise", outer=1, inner=max(positions, out_numel),
+                                  bytes=2.0 * out_numel * itemsize + 3.0 * numel * itemsize), target)
+    name = function_name(kernel.structural_key, sched, "s")
+    n_args = len(body.inputs) + 1
+    st, it = storage_type(dtype), storage_type(idx.dtype)
+    par = f"#pragma omp parallel for num_threads({sched.threads}) schedule(static)" if sched.threads > 1 else ""
+
+    def render() -> str:
+        code = Code()
+        code.open(f"static int {name}({signature(n_args)})")
+        if x is not None:
+            code(f"const {st}* x = (const {st}*)p{x.buf};")
+        code(f"const {it}* ix = (const {it}*)p{idx.buf};")
+        if src is not None:
+            code(f"const {st}* src = (const {st}*)p{src.buf};")
+        code(f"{st}* out = ({st}*)p{n_args - 1};")
+        if out_numel == 0:
+            code("return 0;")
+            code.close()
+            return code.text()
+        if par:
+            code(par)
+        code.open(f"for (int64_t t = 0; t < {out_numel}; t++)")  # out = x (x in its own strides), or the fill
+        if x is None:
+            code(f"out[t] = {store_expr(literal(fill[0], dtype), dtype)};")
+        else:
+            code(f"int64_t r_ = t, xo = {x.layout.offset};")
+            for d in range(len(out_shape) - 1, -1, -1):
+                code(f"xo += (r_ % {out_shape[d]}) * {x.layout.strides[d]}; r_ /= {out_shape[d]};")
+            code("out[t] = x[xo];")
+        code.close()
+        if numel == 0:
+            code("return 0;")
+            code.close()
+            return code.text()
+        code("int err = 0;")
+        if par:
+            code(par.replace("schedule(static)", "schedule(static) reduction(|:err)"))
+        code.open(f"for (int64_t t = 0; t < {positions}; t++)")
+        src_strides = src.layout.strides if src is not None else (0,) * len(shape)
+        code(f"int64_t r_ = t, io = {idx.layout.offset}, so = {src.layout.offset if src is not None else 0}, oo = 0;")
+        for d in reversed(others):
+            code(f"const int64_t i{d} = r_ % {shape[d]}; r_ /= {shape[d]};")
+            code(f"io += i{d} * {idx.layout.strides[d]}; so += i{d} * {src_strides[d]}; "
+                 f"oo += i{d} * {out_strides[d]};")
+        a_idx, a_src, a_out = idx.layout.strides[ax], src_strides[ax], out_strides[ax]
+        code.open(f"for (int64_t j = 0; j < {along}; j++)")
+        code(f"const int64_t k = (int64_t)ix[io + j * {a_idx}];")
+        code.open(f"if (k < 0 || k >= {out_shape[ax]})")
+        code("err = 1;")
+        code("break;")
+        code.close()
+        add = load_expr(f"src[so + j * {a_src}]", dtype) if src is not None else literal(src_fill[0], dtype)
+        # each addition rounds to the dtype, in index order, as ATen's CPU kernel adds
+        code(f"{st}& o_ = out[oo + k * {a_out}];")
+        total = f"{load_expr('o_', dtype)} + {add}"
+        code(f"o_ = {store_expr(total, dtype)};")
+        code.close()
+        code.close()
+        code("return err;")
+        code.close()
+        return code.text()
+
+    return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
+
+
+def _fill_of(producer: dict, v: Value):
+    """(value, node) when `v` is a `scalar` node seen through views (`zeros(...)` inside the
+    kernel); else None."""
+    while v in producer and OPS[producer[v].op].has("view"):
+        v = producer[v].inputs[0]
+    m = producer.get(v)
+    return (m.attrs["value"], m) if m is not None and m.op == "scalar" else None
+

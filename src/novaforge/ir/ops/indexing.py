@@ -132,6 +132,10 @@ def _scatter_add_infer(ts, a):
     x, idx, src = ts
     _check_index("scatter_add", idx)
     same_dtype("scatter_add", [x, src])
+    ax = a["axis"]
+    if not (idx.rank == x.rank == src.rank) or any(
+            not (idx.shape[d] <= src.shape[d] and (d == ax or idx.shape[d] <= x.shape[d])) for d in range(idx.rank)):
+        raise ValueError(f"scatter_add: index {idx} must fit in src {src} and, off axis {ax}, in {x}")
     return [x]
 
 
@@ -145,6 +149,64 @@ def _lower_scatter_add(ctx, x, dim, index, src):
     v = ctx.val(x)
     return ctx.emit("scatter_add", [v, ctx.val(index), ctx.cast(ctx.val(src), v.type.dtype)],
                     axis=ctx.axis(dim, v.type.rank))
+
+
+@scatter_add.lowers(aten.index_put.default, aten._unsafe_index_put.default)
+def _lower_index_put(ctx, x, indices, values, accumulate=False):
+    return _index_put_rows(ctx, x, indices, values, None, accumulate)
+
+
+@scatter_add.lowers(aten._unsafe_masked_index_put_accumulate.default)
+def _lower_masked_index_put(ctx, x, mask, indices, values):
+    return _index_put_rows(ctx, x, indices, values, mask, True)
+
+
+def _index_put_rows(ctx, x, indices, values, mask, accumulate):
+    """`x.index_put((i,), values, accumulate=True)`, one integer index on the first axis (the
+    embedding gradient: rows of values added at their token ids) as a scatter_add over the
+    flattened index; with `mask` (`_unsafe_masked_index_put_accumulate`), masked-out values add
+    zero at a clamped index, as ATen's decomposition does. Any other index_put stays an ATen
+    call, which raises where eager raises (mismatched dtypes, unbroadcastable values)."""
+    v = ctx.val(x)
+    if not accumulate or len(indices) != 1 or indices[0] is None or v.type.rank == 0:
+        return ctx.extern("index_put other than accumulating rows at one index tensor")
+    iv, vals = ctx.val(indices[0]), ctx.val(values)
+    row = v.type.shape[1:]
+    try:
+        fits = broadcast_shapes(vals.type.shape, iv.type.shape + row) == iv.type.shape + row
+    except (ValueError, RuntimeError, TypeError):
+        fits = False
+    if iv.type.dtype not in (torch.int64, torch.int32) or vals.type.dtype != v.type.dtype or not fits:
+        return ctx.extern("index_put with a mask index, mixed dtypes or values of another shape")
+    rows, dt, dev, full = v.type.shape[0], iv.type.dtype, iv.type.device, iv.type.shape + row
+    vals = ctx.expand(ctx.reshape(vals, (1,) * (len(full) - vals.type.rank) + vals.type.shape), full)
+    if mask is not None:  # values.masked_fill(~mask, 0): the mask broadcasts against the values
+        m = ctx.val(mask)
+        if m.type.rank > len(full) or broadcast_shapes(m.type.shape, full) != full:
+            return ctx.extern("a mask of another shape")
+        m = ctx.expand(ctx.reshape(m, (1,) * (len(full) - m.type.rank) + m.type.shape), full)
+        vals = ctx.emit("where", [m, vals, ctx.scalar(0, v.type.dtype, v.type.device)])
+        iv = ctx.emit("minimum", [ctx.emit("maximum", [iv, ctx.scalar(-rows, dt, dev)]), ctx.scalar(rows - 1, dt, dev)])
+    n = iv.type.numel
+    idx = ctx.reshape(wrap_index(ctx, iv, rows), (n,) + (1,) * len(row))
+    flat = (n,) + row
+    return ctx.emit("scatter_add", [v, ctx.expand(idx, flat), ctx.reshape(vals, flat)], axis=0)
+
+
+@scatter_add.lowers(aten.scatter.value)
+def _lower_scatter_value(ctx, x, dim, index, value):
+    """x.scatter(dim, index, value) with one scalar value: every position an index hits gets the
+    value, so duplicates do not matter and it is where(hit, value, x), the hits counted by a
+    scatter_add of ones (which checks the indices: out of range raises). NLL's gradient."""
+    v, iv = ctx.val(x), ctx.val(index)
+    ax = ctx.axis(dim, max(v.type.rank, 1))
+    if v.type.rank == 0 or iv.type.rank != v.type.rank or iv.type.dtype != torch.int64:
+        return ctx.extern("scatter of a 0-d tensor or with an index of another rank or dtype")
+    ones = ctx.expand(ctx.scalar(1.0, torch.float32, iv.type.device), iv.type.shape)
+    zeros = ctx.expand(ctx.scalar(0.0, torch.float32, v.type.device), v.type.shape)
+    hits = ctx.emit("scatter_add", [zeros, iv, ones], axis=ax)
+    hit = ctx.emit("gt", [hits, ctx.scalar(0.0, torch.float32, v.type.device)])
+    return ctx.emit("where", [hit, ctx.expand(ctx.scalar(value, v.type.dtype, v.type.device), v.type.shape), v])
 
 
 # ---------------------------------------------------------------------------- VJP rules
