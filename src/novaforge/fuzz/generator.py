@@ -13,7 +13,7 @@ and logical ops, reductions (sum/mean/amax/amin/prod/var/logsumexp/argmax/any/al
 one or several axes, keepdim), normalizations (softmax, log_softmax, layer_norm), shape ops
 (reshape/view/permute/transpose/unsqueeze/squeeze/expand/slice/select/narrow/flatten/flip/
 roll/repeat/cat/stack/chunk/pad/tril/contiguous/clone), matmul/einsum/bmm/linear against
-inputs or parameters, indexing (index_select, gather, advanced indexing, masked_fill,
+inputs or parameters, indexing (index_select, gather, scatter, index_put, advanced indexing, masked_fill,
 index_add, embedding), casts, generators (ones, arange, full_like), in-place ops (on fresh
 clones, on intermediates, on inputs and views of inputs: input mutation), and module layers
 with parameters (Linear, LayerNorm, Embedding, RMSNorm, Conv1d), attention (written out with
@@ -418,7 +418,8 @@ class _Gen:
         if n == 0:
             raise _Skip
         kind = rng.choice(["index_select", "gather", "take", "take_neg", "index_add", "embedding", "embedding_mod",
-                           "take_along"] * 4 + ["mask_select"])
+                           "take_along"] * 4 + ["scatter_add", "scatter_value", "index_put_acc"] * 2
+                          + ["mask_select"])
         if kind == "index_select":
             i = self.new_input((rng.randint(0, 5),), "torch.int64", high=n)
             return Step(self.name("v"), f"{a}.index_select({d}, {i})", (a, i), "keep")
@@ -448,6 +449,28 @@ class _Gen:
             src = self.new_input(src_shape, _dtype_code(ta.dtype) if ta.dtype != torch.bool else "torch.bool")
             reads = (a,) + (src,) * self._len(i) + (i,)  # each index may repeat: |result| <= |a| + L |src|
             return Step(self.name("v"), f"{a}.index_add({d}, {i}, {src})", reads, "add")
+        if kind in ("scatter_add", "scatter_value"):
+            along = rng.randint(1, 4)
+            shape = tuple(along if k == d else rng.randint(1, s) if s else 0 for k, s in enumerate(ta.shape))
+            i = self.new_input(shape, "torch.int64", high=n)
+            if kind == "scatter_value":
+                value = "True" if ta.dtype == torch.bool else rng.choice(("3", "-2")) if not ta.is_floating_point() \
+                    else rng.choice(("0.5", "-2.0", "7.25"))
+                return Step(self.name("v"), f"{a}.scatter({d}, {i}, {value})", (a, i), "keep")
+            if ta.dtype == torch.bool:
+                raise _Skip
+            src = self.new_input(shape, _dtype_code(ta.dtype))
+            return Step(self.name("v"), f"torch.scatter_add({a}, {d}, {i}, {src})", (a,) + (src,) * along + (i,),
+                        "add")
+        if kind == "index_put_acc":  # rows added at (possibly repeated, negative) ids: the embedding gradient
+            n0 = ta.shape[0]
+            if ta.dtype == torch.bool or n0 == 0:
+                raise _Skip
+            rows = rng.randint(1, 3)
+            i = self.new_input((rows,), "torch.int64", high=n0, low=-n0)
+            src = self.new_input((rows,) + tuple(ta.shape[1:]), _dtype_code(ta.dtype))
+            return Step(self.name("v"), f"{a}.index_put(({i},), {src}, accumulate=True)",
+                        (a,) + (src,) * rows + (i,), "add")
         if kind in ("embedding", "embedding_mod"):
             if not ta.is_floating_point() or r != 2:
                 raise _Skip
