@@ -87,6 +87,21 @@ def test_epilogue_through_reshape_of_the_matmul_output():
     assert len(ks) == 1 and ks[0].kind == "matmul"
 
 
+@pytest.mark.parametrize("anchor", [True, False])
+def test_a_value_read_transposed_stays_out_of_its_producers_kernel(anchor):
+    """`y ^ y.transpose(-1, -2)` where the group computing y (a matmul epilogue, or pointwise)
+    would have to read another lane's element of y: the xor is a kernel of its own (fuzz seed
+    707209 crashed building the fused body)."""
+    def fn(x, t):
+        y = (x @ x.transpose(-1, -2) if anchor else x.exp()[..., :7] * 2) <= t
+        return y.transpose(-1, -2).contiguous() ^ y
+
+    x, t = torch.randn(7, 2, 7, 4 if anchor else 7), torch.randn(7)
+    g = optimized(fn, x, t)
+    out = check_pass(fuse, g, [x, t])
+    assert len(kernels(out)) == 2
+
+
 def test_rmsnorm_and_silu_gate():
     def fn(x, w, a, b):
         rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w

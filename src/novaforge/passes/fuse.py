@@ -204,6 +204,9 @@ class _Grouper:
         rels = [self.internal_input(g, v) for v in n.inputs]
         if not any(rels):
             return False
+        if any(r is None and self.group_of.get(self.defs.get(self.root(v))) is g for v, r in zip(n.inputs, rels,
+                                                                                                strict=True)):
+            return False  # a value g computes, read through a view (a transpose): not the lane's own element
         if g.kind == "reduction":
             outer = tuple(1 if i in g.axes else s for i, s in enumerate(g.space))
             if shape not in (g.space, outer) or any(r and r[0] == "reshaped" for r in rels):
