@@ -396,9 +396,19 @@ def _index_add_dtypes(ctx: LowerCtx, x, dim, index, source, *args, **kwargs) -> 
                                         "must have the same scalar type"))
 
 
+def _index_put_dtypes(ctx: LowerCtx, x, indices, values, *args, **kwargs) -> None:
+    a, b = ctx.val(x).type.dtype, ctx.val(values).type.dtype
+    if a != b:  # eager's CPU kernel checks it (the op's meta function does not: a dead index_put raises too)
+        names = {torch.float64: "Double", torch.float32: "Float", torch.bfloat16: "BFloat16",
+                 torch.float16: "Half", torch.int64: "Long", torch.int32: "Int", torch.bool: "Bool"}
+        raise RuntimeError(ctx.describe(f"Index put requires the source and destination dtypes match, got "
+                                        f"{names.get(a, a)} for the destination and {names.get(b, b)} for the source."))
+
+
 # ATen op -> eager's argument check (raises as eager does), run before any lowering of the op
 ARG_CHECKS: dict[Any, Any] = {
     torch.ops.aten.index_add.default: _index_add_dtypes,
+    torch.ops.aten.index_put.default: _index_put_dtypes,
     **{op: same_dtype_check for op in (
         torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default,
         torch.ops.aten.mv.default, torch.ops.aten.dot.default, torch.ops.aten.addmm.default,

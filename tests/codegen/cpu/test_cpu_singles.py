@@ -78,6 +78,13 @@ def test_index_put_accumulate_rows_is_a_scatter():
     with pytest.raises(RuntimeError):
         compile_cpu(lambda a, i, v: a.index_put((i,), v.double(), accumulate=True), w, ids, g)
 
+    def dead(a, i, v):  # eager raises even where the result is unused (fuzz seed 804148)
+        a.double().index_put((i,), v, accumulate=True)
+        return i * 2
+
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        compile_cpu(dead, w, ids, g)
+
 
 def test_scatter_out_of_range_raises():
     c = compile_cpu(lambda a, i, s: torch.scatter_add(a, 0, i, s), torch.randn(4, 3), torch.tensor([[1, 2, 3]]),
