@@ -84,6 +84,19 @@ def check_views_of_an_unreturned_result_in_a_mutating_function(backend: str) -> 
     assert _aliases(got, (x, y2)) == _aliases(want, (x, y))
     torch.testing.assert_close(y2, y)
 
+    def later_base(x, y):  # the base is not the arena's first buffer (fuzz seed 805659 read another's bytes)
+        v = (x != 0).sum(0)
+        y.fill_(1)
+        return v[-2:], v[:-1]
+
+    x = torch.tensor([[1.0, 0.0, 2.0], [3.0, 4.0, 0.0], [0.0, 5.0, 6.0]])
+    y, y2 = torch.randn(3), torch.randn(3)
+    want = later_base(x, y)
+    got = novaforge.compile(later_base, backend=backend)(x, y2)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w), (g, w)
+    assert _aliases(got, (x, y2)) == _aliases(want, (x, y))
+
     def empty_views(x):  # zero-size views, one updated in place (fuzz seed 606890): no hidden base
         v = torch.stack([x, x], 2).narrow(2, 2, 0)
         return v.sigmoid_(), v.flatten(2)

@@ -38,7 +38,7 @@ from ..ir.extern import call_extern
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
-from .interpret import interpret
+from .interpret import interpret, storage_relative
 
 
 class KernelIndexError(IndexError):
@@ -259,8 +259,13 @@ class CpuProgram:
 
             return run_inplace
 
+        # an ATen call relative to its argument's storage (as_strided) must see each IR value in
+        # a storage of its own, as the interpreter does: an arena or scratch value is a view of
+        # the whole arena, so it is copied first (fuzz seed 805659 read another buffer's bytes)
+        own = {s for s in ins if self.slots[s].kind in ("arena", "scratch")} if storage_relative(body) else set()
+
         def run_torch() -> None:
-            res = interpret(body, [env[s] for s in ins])
+            res = interpret(body, [env[s].clone() if s in own else env[s] for s in ins])
             for s, r in zip(outs, res, strict=True):
                 env[s].copy_(r)
 

@@ -93,3 +93,15 @@ def interpret(graph: Graph, inputs: Sequence[torch.Tensor], check: bool | None =
 def _check(op: str, v: Value, t: torch.Tensor) -> None:
     if tuple(t.shape) != v.type.shape or t.dtype != v.type.dtype:
         raise InterpretError(f"{op}: produced {t.dtype}{list(t.shape)}, IR says {v.type}")
+
+
+# ATen ops whose result depends on where their argument lies in its storage
+STORAGE_RELATIVE = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default",
+                              "aten.as_strided_scatter.default"})
+
+
+def storage_relative(body: Graph) -> bool:
+    """Does the body call an ATen op relative to its argument's storage (as_strided)? Then a
+    runtime passes it each planned buffer as a tensor of its own (a copy), not as a view of its
+    arena: the interpreter's values each have their own storage."""
+    return any(m.op.startswith("extern") and m.attrs["target"] in STORAGE_RELATIVE for m in body.nodes)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ...ir import OPS, Graph, Value
-from ...runtime.interpret import interpret
+from ...runtime.interpret import interpret, storage_relative
 
 
 class StepKind(StrEnum):
@@ -68,6 +68,7 @@ class TritonProgram:
         self.fresh: list[tuple[int, tuple[int, ...], torch.dtype]] = []
         self.view_slots: set[int] = set()
         self.arena: torch.Tensor | None = None
+        self.arena_slots: set[int] = set()  # slots holding a view of the arena
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_runner: _CudaGraphRunner | None = None
         self.calls = 0
@@ -125,6 +126,7 @@ class TritonProgram:
                     buf = self.arena[off:off + nbytes].view(o.type.dtype) if nbytes else \
                         torch.empty(0, dtype=o.type.dtype, device=self.device)
                     self.template[s] = buf.view(o.type.shape)
+                    self.arena_slots.add(s)
                 else:
                     self.fresh.append((s, o.type.shape, o.type.dtype))
 
@@ -162,8 +164,9 @@ class TritonProgram:
                 st.launch(*args, *[env[o] for o in st.outs])
             elif st.kind == "view":
                 env[st.outs[0]] = OPS[st.node.op].impl([env[st.args[0]]], st.node.attrs)
-            else:
-                res = interpret(st.body, [env[a] for a in st.args])
+            else:  # (an as_strided of a planned buffer must not see the arena around it)
+                own = self.arena_slots if storage_relative(st.body) else ()
+                res = interpret(st.body, [env[a].clone() if a in own else env[a] for a in st.args])
                 for o, t, pre in zip(st.outs, res, st.preallocated, strict=True):
                     if pre:
                         env[o].copy_(t)
