@@ -177,7 +177,9 @@ def run_ort(name: str, batch: int, seq: int, calls: int, threads: int) -> dict:
         s = e["dur"] * 1e-6 / calls
         cats[cat] += s
         if cat == "gemm":
-            key = f"{op} " + " * ".join("x".join(str(d) for d in next(iter(s_.values()))) for s_ in shapes[:2])
+            outs = e["args"].get("output_type_shape", [])
+            key = f"{op} " + " * ".join("x".join(str(d) for d in next(iter(s_.values()))) for s_ in shapes[:2]) \
+                + " -> " + " ".join("x".join(str(d) for d in next(iter(s_.values()))) for s_ in outs[:1])
             g = gemms.setdefault(key, [0, 0.0, 0.0])
             g[0] += 1 / calls
             g[1] += s
