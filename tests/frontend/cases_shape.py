@@ -172,6 +172,17 @@ add([C(aten.scatter_add.default, lambda m: (m.t(4, 5), 1, m.idx(5, 4, 3), m.t(4,
      C(aten.scatter_add.default, lambda m: (m.t(4, 5), 0, m.idx(4, 6, 5), m.t(6, 5)), "dim0-collisions"),
      C(aten.scatter_add.default, lambda m: (m.t(4, 5), 1, m.idx(5, 2, 2), m.t(4, 3)), "smaller-index"),
      C(aten.scatter_add.default, lambda m: (m.t(4, 5), 1, m.idx(5, 4, 3), m.t(4, 3)), "int", dtypes=(i64,))])
+add([C(aten.scatter.value, lambda m: (m.t(4, 5), 1, m.idx(5, 4, 1), -1.5), "one-hot"),
+     C(aten.scatter.value, lambda m: (m.t(4, 5), 0, m.idx(4, 3, 5), 2.0), "duplicates"),
+     C(aten.scatter.value, lambda m: (m.t(4, 5), 1, m.idx(5, 4, 2), 3), "int", dtypes=(i64,))])
+# accumulating rows at one index tensor (the embedding gradient): repeated and negative ids
+add([C(aten.index_put.default, lambda m: (m.t(6, 4), [m.idx(12, 3, 5) - 6], m.t(3, 5, 4), True), "rows"),
+     C(aten.index_put.default, lambda m: (m.t(6, 4), [m.idx(6, 7)], m.t(4), True), "broadcast"),
+     C(aten.index_put.default, lambda m: (m.t(6, 4), [m.idx(6, 3)], m.t(3, 4), True), "int", dtypes=(i64,)),
+     C(aten.index_put.default, lambda m: (m.t(6, 4), [m.idx(6, 3)], m.t(3, 4), False), "overwrite-extern", extern=True),
+     C(aten._unsafe_index_put.default, lambda m: (m.t(6, 4), [m.idx(6, 5)], m.t(5, 4), True), "rows"),
+     C(aten._unsafe_masked_index_put_accumulate.default,
+       lambda m: (m.t(6, 4), m.b(5, 1), [m.idx(6, 5)], m.t(5, 4)), "masked")])
 add([C(aten.cumsum.default, lambda m: (m.t(4, 5), 1), "basic"),
      C(aten.cumsum.default, lambda m: (m.t(4, 5), -2), "negative"),
      C(aten.cumsum.default, lambda m: ((m.t(4, 5), 1), {"dtype": f32}), "dtype", dtypes=(bf16, i64)),
