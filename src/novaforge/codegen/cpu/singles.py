@@ -79,9 +79,7 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
         code(f"{st}* out = ({st}*){out_p};")
         total = outer * nidx
         if total == 0 or inner == 0:
-            code("return 0;")
-            code.close()
-            return code.text()
+            return _finish(code, "0")
         code("int err = 0;")
         if sched.threads > 1:
             code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
@@ -107,9 +105,7 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
             for _ in inner_dims:
                 code.close()
         code.close()
-        code("return err;")
-        code.close()
-        return code.text()
+        return _finish(code, "err")
 
     return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
 
@@ -183,9 +179,7 @@ def plan_gather(kernel: Kernel, target: CpuTarget) -> GenKernel:
         code(f"const {it}* ix = (const {it}*)p{idx.buf};")
         code(f"{st}* out = ({st}*)p{n_args - 1};")
         if numel == 0:
-            code("return 0;")
-            code.close()
-            return code.text()
+            return _finish(code, "0")
         code("int err = 0;")
         if sched.threads > 1:
             code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
@@ -204,9 +198,7 @@ def plan_gather(kernel: Kernel, target: CpuTarget) -> GenKernel:
         code.close()
         code(f"out[t] = x[xo + k * {x.layout.strides[ax]}];")
         code.close()
-        code("return err;")
-        code.close()
-        return code.text()
+        return _finish(code, "err")
 
     return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
 
@@ -262,9 +254,7 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
             code(f"const {st}* src = (const {st}*)p{src.buf};")
         code(f"{st}* out = ({st}*)p{n_args - 1};")
         if out_numel == 0:
-            code("return 0;")
-            code.close()
-            return code.text()
+            return _finish(code, "0")
         if par:
             code(par)
         code.open(f"for (int64_t t = 0; t < {out_numel}; t++)")  # out = x (x in its own strides), or the fill
@@ -277,9 +267,7 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
             code("out[t] = x[xo];")
         code.close()
         if numel == 0:
-            code("return 0;")
-            code.close()
-            return code.text()
+            return _finish(code, "0")
         code("int err = 0;")
         if par:
             code(par.replace("schedule(static)", "schedule(static) reduction(|:err)"))
@@ -304,11 +292,16 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
         code(f"o_ = {store_expr(total, dtype)};")
         code.close()
         code.close()
-        code("return err;")
-        code.close()
-        return code.text()
+        return _finish(code, "err")
 
     return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
+
+
+def _finish(code: Code, rc: str) -> str:
+    """Close the function with `return rc;` and give its source."""
+    code(f"return {rc};")
+    code.close()
+    return code.text()
 
 
 def _fill_of(producer: dict, v: Value):
