@@ -130,3 +130,43 @@ def test_misuse_call_expects_eager_errors():
     with pytest.raises(RuntimeError):
         cls()(*_retyped(make()))  # eager raises ...
     assert check(p, "cpu") is None  # ... and so does the compiled call
+
+
+def test_jittered_runs_widen_the_bound_only_where_a_value_is_ill_conditioned():
+    """Fuzz seed 803410: layer norm over rows of three nearly equal softmax outputs, then exp.
+    Eager's own error at one element was small by luck (8e-6 where the value moves by 2e-3 when
+    its intermediates move by one ulp), so a fused evaluation was called wrong. The jittered runs
+    widen the bound there, and a result that is 1% off is still wrong."""
+    from novaforge.fuzz.oracle import _jittered, bound
+    from novaforge.fuzz.program import InputSpec
+
+    p = Program(803410, [InputSpec("x1", (8, 64, 3, 3), "F32", 211211)], [
+        Step("v2", "torch.softmax(x1, 1)", ("x1",)),
+        Step("v4", "torch.softmax(v2, 3)", ("v2",)),
+        Step("v6", "F.layer_norm(v4, (3,))", ("v4",), "norm", arg=3),
+        Step("v7", "torch.exp(v6.clamp(-4, 4))", ("v6",))], ["v4", "v7"])
+    a = analyze(p)
+    assert a.ok
+    cls, make = instantiate(p)
+    cls64, make64 = instantiate(p, f64=True)
+    with torch.no_grad():
+        want, ref = cls()(*make(1))[1], cls64()(*make64(1))[1]
+    jit = [run[1] for run in _jittered(p, cls, make, 1, 3)]
+    assert len(jit) == 3 and all(not torch.equal(j, want) for j in jit)
+    spread = torch.stack([(j.double() - ref).abs() for j in jit]).amax(0)
+    own = (want.double() - ref).abs()
+    assert float((spread / (own + 1e-12)).max()) > 50  # somewhere eager was lucky
+    m = a.meta["v7"]
+    tight, wide = bound(ref, want, m), bound(ref, want, m, jit)
+    worst = torch.unravel_index((wide / tight).argmax(), want.shape)
+    assert float(wide[worst] / tight[worst]) > 1.5
+    got = want.clone()
+    got[worst] = ref[worst] + 0.5 * (tight[worst] + wide[worst])
+    assert compare_values(got, want, ref, m, jit) == ""
+    assert "value differs" in compare_values(got, want, ref, m)  # eager's own error alone: too tight
+    assert "value differs" in compare_values(want * 1.01, want, ref, m, jit)
+    # a well-conditioned value (the softmax itself) keeps a tight bound
+    with torch.no_grad():
+        w4, r4 = cls()(*make(1))[0], cls64()(*make64(1))[0]
+    j4 = [run[0] for run in _jittered(p, cls, make, 1, 3)]
+    assert "value differs" in compare_values(w4 * (1 + 1e-4), w4, r4, a.meta["v4"], j4)

@@ -276,7 +276,12 @@ def analyze(prog: Program) -> Analysis:
     return run_steps(prog, m, inputs)
 
 
-def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysis:
+def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor],
+              jitter: torch.Generator | None = None) -> Analysis:
+    """Run the steps on `inputs`; with `jitter`, every inexact floating value is moved by one
+    ulp up or down (or kept), at random per element, as it is produced: a Monte Carlo estimate
+    of how far the rounding of its evaluation can move each result (values read by steps that
+    need exact inputs are exact, so never moved, and no discontinuity flips)."""
     ns: dict[str, Any] = {"torch": torch, "F": torch.nn.functional, "self": module, "F32": torch.float32,
                           "BF16": torch.bfloat16}
     meta: dict[str, Meta] = {}
@@ -302,6 +307,8 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
             new = replace(_rule(st, reads, t), scale=max([m.scale for m in reads] + [_mean_abs(t)])
                           * _amplification(st, ns, t))
             meta[st.out] = new
+            if jitter is not None and not new.exact and t.is_floating_point() and t.numel():
+                ns[st.out] = _moved_one_ulp(t, jitter)
             if st.inplace:
                 # an in-place step changed every tensor sharing its storage: merge their Metas
                 key = storage_key(t)
@@ -314,6 +321,18 @@ def run_steps(prog: Program, module: Any, inputs: list[torch.Tensor]) -> Analysi
         if o not in values:
             return Analysis(False, error=f"output {o} undefined")
     return Analysis(True, values, meta)
+
+
+def _moved_one_ulp(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """t with each element moved one ulp up, down or not at all (in place when t's memory
+    allows, so views and later in-place steps see the move)."""
+    way = torch.randint(-1, 2, t.shape, generator=gen)
+    inf = torch.full_like(t, math.inf)
+    moved = torch.where(way > 0, t.nextafter(inf), torch.where(way < 0, t.nextafter(-inf), t))
+    try:
+        return t.copy_(moved)
+    except RuntimeError:  # an expanded tensor: the move is a new value
+        return moved
 
 
 def _amplification(st: Step, ns: dict[str, Any], out: torch.Tensor) -> float:
