@@ -5,11 +5,15 @@ every length of a range, per runner, each runner in a fresh process with empty c
 
 Runners:
   nf-static       novaforge.compile(model): a program per length, each traced on its own
-  nf-dynamic      novaforge.compile(model, dynamic={"input_ids": {1: (2, 4096)}}): one trace
-  nf-dynamo       torch.compile(model, backend="novaforge", dynamic=True): one symbolic lowering
+  nf-dynamic      novaforge.compile(model, dynamic={"input_ids": {1: (2, 4096)}}): one trace;
+                  tiered (the default): a length runs eagerly until its calls cost one build
+  nf-dynamo       torch.compile(model, backend="novaforge", dynamic=True): one symbolic
+                  lowering; tiered like nf-dynamic
+  nf-dynamic-build, nf-dynamo-build   the same with tiered=False: every length builds at once
   inductor        torch.compile(model, dynamic=True)
   eager           the model itself (no compile)
-After the sweep each runner times 20 calls at lengths 32 and 128 (median ms). Outputs are
+After the sweep each runner times 20 calls at lengths 32 and 128 (median ms), after warm-up
+calls (one; a tiered runner calls until that length has paid for its program, at most 10 s). Outputs are
 checked against eager at every length (max abs difference printed). Prints one JSON line per
 runner, and a table.
 """
@@ -25,7 +29,8 @@ import sys
 import tempfile
 import time
 
-RUNNERS = ("eager", "nf-static", "nf-dynamic", "nf-dynamo", "inductor")
+TIERED = ("nf-dynamic", "nf-dynamo")
+RUNNERS = ("eager", "nf-static", "nf-dynamic", "nf-dynamo", "nf-dynamic-build", "nf-dynamo-build", "inductor")
 
 
 def _model(name: str):
@@ -44,24 +49,25 @@ def _compiled(runner: str, model):
     import novaforge
 
     if runner == "eager":
-        return model, lambda: 0
+        return model, lambda: (0, 0)
     if runner == "nf-static":
         c = novaforge.compile(model, backend="cpu")
-        return c, lambda: c.compilations
-    if runner == "nf-dynamic":
-        c = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 4096)}})
-        return c, lambda: c.compilations
+        return c, lambda: (c.compilations, 0)
+    tiered = not runner.endswith("-build")
+    if runner.startswith("nf-dynamic"):
+        c = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 4096)}}, tiered=tiered)
+        return c, lambda: (c.compilations, c.tiering.eager_calls)
     from novaforge.frontend import dynamo
 
-    if runner == "nf-dynamo":
-        c = torch.compile(model, backend="novaforge", dynamic=True)
-        return c, lambda: dynamo.PROGRAMS_BUILT[0]
+    if runner.startswith("nf-dynamo"):
+        c = torch.compile(model, backend="novaforge", dynamic=True, options={"tiered": tiered})
+        return c, lambda: (dynamo.PROGRAMS_BUILT[0], dynamo.TIERED_EAGER_CALLS[0])
     if runner == "inductor":
         from torch._dynamo.utils import counters
 
         c = torch.compile(model, dynamic=True)
-        return c, lambda: counters["inductor"].get("fxgraph_cache_miss", 0) + counters["inductor"].get(
-            "fxgraph_cache_bypass", 0) or counters["stats"].get("unique_graphs", 0)
+        return c, lambda: (counters["inductor"].get("fxgraph_cache_miss", 0) + counters["inductor"].get(
+            "fxgraph_cache_bypass", 0) or counters["stats"].get("unique_graphs", 0), 0)
     raise ValueError(runner)
 
 
@@ -81,12 +87,17 @@ def worker(runner: str, model_name: str, lengths: list[int]) -> dict:
             ref = model(input_ids=ids).last_hidden_state if runner != "eager" else out
             worst = max(worst, (out - ref).abs().max().item())
     sweep_s = time.perf_counter() - t0
-    programs = count()
-    lat = {}
+    programs, eager_calls = count()
+    lat, warm = {}, {}
     with torch.no_grad():
         for n in (32, 128):
             ids = torch.randint(0, vocab, (1, n), generator=g)
+            built, w0 = count()[0], time.perf_counter()
             fn(input_ids=ids)
+            warm[n] = 1
+            while runner in TIERED and count()[0] == built and time.perf_counter() - w0 < 10:
+                fn(input_ids=ids)  # a tiered runner: until this length has paid for its program
+                warm[n] += 1
             ts = []
             for _ in range(20):
                 a = time.perf_counter()
@@ -94,8 +105,8 @@ def worker(runner: str, model_name: str, lengths: list[int]) -> dict:
                 ts.append(time.perf_counter() - a)
             lat[n] = statistics.median(ts) * 1e3
     return {"runner": runner, "model": model_name, "lengths": f"{lengths[0]}..{lengths[-1]}", "sweep_s": sweep_s,
-            "programs": programs, "max_abs_diff": worst, "ms_at_32": lat[32], "ms_at_128": lat[128],
-            "programs_after_latency": count()}
+            "programs": programs, "eager_tier_calls": eager_calls, "max_abs_diff": worst, "ms_at_32": lat[32],
+            "ms_at_128": lat[128], "programs_after_latency": count()[0], "warm_calls": warm}
 
 
 def main() -> None:
@@ -127,12 +138,13 @@ def main() -> None:
         row["load"] = [round(load0, 2), round(load1, 2)]
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"\n| runner | programs built | sweep {a.lengths} (s) | ms @32 | ms @128 | max abs diff "
-          "| load before/after |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n| runner | programs built | eager-tier calls | sweep {a.lengths} (s) | ms @32 | ms @128 "
+          "| programs after timing | max abs diff | load before/after |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['runner']} | {row['programs']} | {row['sweep_s']:.1f} | {row['ms_at_32']:.2f} | "
-              f"{row['ms_at_128']:.2f} | {row['max_abs_diff']:.1e} | {row['load'][0]} / {row['load'][1]} |")
+        print(f"| {row['runner']} | {row['programs']} | {row['eager_tier_calls']} | {row['sweep_s']:.1f} | "
+              f"{row['ms_at_32']:.2f} | {row['ms_at_128']:.2f} | {row['programs_after_latency']} | "
+              f"{row['max_abs_diff']:.1e} | {row['load'][0]} / {row['load'][1]} |")
 
 
 if __name__ == "__main__":

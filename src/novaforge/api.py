@@ -35,6 +35,7 @@ from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
 from .runtime.state import StateBinding, fresh_outputs, write_back
+from .runtime.tiering import Tiering, record_build
 
 BACKENDS = ("auto", "interpret", "cpu", "triton")
 
@@ -79,6 +80,7 @@ class CompiledModule:
         self.dynamic = SymbolicCaptures(fn, dynamic, freeze) if dynamic else None
         self.backend = backend
         self.options = Options.of(options)  # validated: an unknown option raises here
+        self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
         self._programs: dict[tuple, _Entry] = {}
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
@@ -103,6 +105,8 @@ class CompiledModule:
         if key[2] and self._trains(tensors):
             return self._train_entry(key, args, kwargs).run(tensors, objs)
         entry = self._programs.get(key)
+        if entry is None and not self.tiering.should_build(key):
+            return self._eager_tier(key, args, kwargs)
         if entry is None or not entry.binding.refresh():
             with self._lock:
                 entry = self._programs.get(key)
@@ -111,13 +115,29 @@ class CompiledModule:
                     # traced on distinct tensors: a program never assumes two inputs are one
                     entry = self._compile(*_distinct(args, kwargs, tensors))
                     self._programs[key] = entry
+                    self.tiering.built(key)
         if entry.mut_targets and _share_memory(tensors, entry.binding.refs):
             # the program mutates an input that another input (or a parameter) shares memory
             # with: its functional graph cannot see the second name change, eager can
             _log_runtime.warning("novaforge: inputs share memory and the graph mutates one of them: this call "
                                  "runs eagerly")
-            return self.fn(*args, **kwargs)
+            return self._eager(args, kwargs)
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
+
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        from .generation import capturing
+
+        with capturing():  # a forward replaced by `generate` is the original again
+            return self.fn(*args, **kwargs)
+
+    def _eager_tier(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        """A dynamic call at a size whose program is not worth building yet (runtime/tiering.py)."""
+        if key not in self.tiering.rent:
+            self.dynamic.validate(args, kwargs)  # a wrong dynamic= option raises as a compile would
+        t0 = time.perf_counter()
+        out = self._eager(args, kwargs)
+        self.tiering.charge(key, time.perf_counter() - t0)
+        return out
 
     def _trains(self, tensors: list[torch.Tensor]) -> bool:
         """A call that needs gradients runs the differentiable (forward + backward) programs."""
@@ -155,6 +175,7 @@ class CompiledModule:
             stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
                                   options=self.options, captured=captured)
         self.compilations += 1
+        record_build(stats.times["total_s"])
         _log_runtime.info("new input signature: program %d compiled", self.compilations)
         self.last_stats = stats
         return _Entry(stats, self.fn)

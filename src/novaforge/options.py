@@ -41,6 +41,7 @@ class Options:
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
     fallback: str = "eager"  # torch.compile: a graph novaforge cannot compile runs eagerly, or "raise"
+    tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
     # -- CPU backend
     pack_weights: bool = False  # keep packed copies of constant matmul weights
     profile: bool = False  # time every launch

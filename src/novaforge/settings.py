@@ -110,3 +110,13 @@ def progress_enabled() -> bool:
 def graph_cache_enabled() -> bool:
     """$NOVAFORGE_GRAPH_CACHE=0 turns off the captured-graph cache (default on)."""
     return _get("NOVAFORGE_GRAPH_CACHE", "1") != "0"
+
+
+def tiered_enabled() -> bool:
+    """$NOVAFORGE_TIERED=0 builds every size of a dynamic graph at once, whatever the `tiered`
+    option says (default 1: the option decides). The test suite sets 0, so that tests calling a
+    dynamic graph at several sizes check compiled programs, not the eager tier."""
+    v = _get("NOVAFORGE_TIERED", "1")
+    if v not in ("0", "1", ""):
+        raise ValueError(f"NOVAFORGE_TIERED={v!r}; expected 0 or 1")
+    return v != "0"

@@ -137,7 +137,7 @@ def test_a_branch_on_a_size_is_a_guard():
 def test_direct_entry_traces_once_for_many_sizes(backend):
     torch.manual_seed(0)
     mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).eval()
-    f = novaforge.compile(mod, backend=backend, dynamic={"input": {0: (2, 256)}})
+    f = novaforge.compile(mod, backend=backend, dynamic={"input": {0: (2, 256)}}, tiered=False)
     with torch.no_grad():
         for n in (4, 7, 33, 4):
             x = torch.randn(n, 8)
@@ -151,7 +151,7 @@ def test_direct_entry_branches_and_fallbacks_stay_correct():
     def f(x):
         return x.sum() if x.shape[0] > 8 else x * 3
 
-    cf = novaforge.compile(f, backend="interpret", dynamic=True)
+    cf = novaforge.compile(f, backend="interpret", dynamic=True, tiered=False)
     for n in (16, 12, 4, 3):
         x = torch.randn(n, 2)
         torch.testing.assert_close(cf(x), f(x))
@@ -162,7 +162,7 @@ def test_a_trace_that_specializes_falls_back_per_size():
     def f(x):
         return x[:, -1], x * 2  # a returned view of the input: its layout pins the sizes
 
-    cf = novaforge.compile(f, backend="cpu", dynamic=True)
+    cf = novaforge.compile(f, backend="cpu", dynamic=True, tiered=False)
     for n in (5, 6):
         x = torch.randn(3, n)
         got, want = cf(x), f(x)
@@ -179,7 +179,7 @@ def test_dynamo_dynamic_graph_is_lowered_once():
     torch._dynamo.reset()
     torch.manual_seed(0)
     mod = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.LayerNorm(8)).eval()
-    cf = torch.compile(mod, backend="novaforge", dynamic=True)
+    cf = torch.compile(mod, backend="novaforge", dynamic=True, options={"tiered": False})
     lowered, retraced, built = dynamo.SYMBOLIC_LOWERINGS[0], dynamo.STATIC_RETRACES[0], dynamo.PROGRAMS_BUILT[0]
     with torch.no_grad():
         for n in (3, 5, 9, 5):

@@ -17,7 +17,7 @@ LENGTHS = (7, 16, 23)
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_direct_entry_one_trace_for_every_length(name):
     model, vocab = build_inference_model(f"{name}-tiny")
-    compiled = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 128)}})
+    compiled = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 128)}}, tiered=False)
     with torch.no_grad():
         for seq in LENGTHS:
             ids = input_ids(vocab, 2, seq)
@@ -31,7 +31,7 @@ def test_direct_entry_one_trace_for_every_length(name):
 def test_dynamo_dynamic_lowers_once_for_every_length(name):
     torch._dynamo.reset()
     model, vocab = build_inference_model(f"{name}-tiny")
-    compiled = torch.compile(model, backend="novaforge", dynamic=True, options={"fallback": "raise"})
+    compiled = torch.compile(model, backend="novaforge", dynamic=True, options={"fallback": "raise", "tiered": False})
     retraced = dynamo.STATIC_RETRACES[0]
     with torch.no_grad():
         for seq in LENGTHS:
@@ -47,7 +47,7 @@ def test_generate_with_a_dynamic_cache_traces_prefill_and_decode_once():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256)).eval()
     ids = torch.randint(0, 500, (1, 8))
-    compiled = novaforge.compile(model, dynamic=True)
+    compiled = novaforge.compile(model, dynamic=True, tiered=False)
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache())
         got = compiled.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache())
@@ -67,7 +67,7 @@ def test_dynamo_dynamic_gpt2_keeps_attention_fused():
     torch._dynamo.reset()
     model, vocab = build_inference_model("gpt2-tiny")
     programs: list = []
-    compiler = _compile_aten({"backend": "cpu", "fallback": "raise"}, programs)
+    compiler = _compile_aten({"backend": "cpu", "fallback": "raise", "tiered": False}, programs)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions())
     compiled = torch.compile(model, backend=backend, dynamic=True)
     with torch.no_grad():

@@ -14,9 +14,10 @@ What the compiler sees and how it is handled:
   mode is active. All our compile work (constant folding, lowering constants) happens with
   that mode switched off, so `get_attr` / lifted constants stay real tensors bound at run time.
 * A graph with static example inputs compiles at once. A graph Dynamo made dynamic (SymInt
-  inputs or symbolic sizes) compiles lazily per concrete input signature (tensor shapes,
-  dtypes and the integer arguments), re-traced with `make_fx`, since the code generators
-  specialize on shapes.
+  inputs or symbolic sizes) is lowered once with symbolic sizes and specialized per concrete
+  input signature (tensor shapes, dtypes and the integer arguments), since the code generators
+  specialize on shapes; a new signature runs as Dynamo's ATen graph (eager) until its calls
+  have cost one build (`runtime/tiering.py`; `options={"tiered": False}` builds at once).
 * Outputs that are not tensors computed by the graph (constants, SymInts that become Python
   numbers after specialization) are re-inserted at run time.
 * Anything novaforge cannot compile (an unsupported op or dtype, a data-dependent shape, a
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ import torch.fx
 from .. import logs
 from ..ir.symbolic import Sym
 from ..options import Options
+from ..runtime.tiering import Tiering, record_build
 
 log = logs.get_logger("dynamo")
 
@@ -62,6 +65,7 @@ FALLBACKS: list[Fallback] = []  # every fallback of this process, in order
 PROGRAMS_BUILT = [0]  # novaforge programs built by this backend in this process (tests read it)
 SYMBOLIC_LOWERINGS = [0]  # dynamic graphs lowered once with symbolic sizes
 STATIC_RETRACES = [0]  # programs of dynamic graphs built from a static re-trace instead
+TIERED_EAGER_CALLS = [0]  # calls of dynamic graphs run eagerly while their signature had no program yet
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 
@@ -127,6 +131,7 @@ class _AtenGraphProgram:
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
         static = _is_static(example_inputs)
+        self.tiering = Tiering(self.options.tiered and not static)
         log.info("graph received (%s), %s inputs%s", _describe_graph(gm), len(example_inputs),
                  "" if static else ", dynamic: compiled per concrete signature")
         if static:
@@ -183,8 +188,10 @@ class _AtenGraphProgram:
         backend = resolve_backend(self.options.backend, graph)
         be = get_backend(backend)
         opts = self.options.replace(backend=backend)
+        t0 = time.perf_counter()
         optimized, records = run_pipeline(graph, options=opts, target=be.target(), backend=be)
         program = be.build(optimized, opts)
+        record_build(time.perf_counter() - t0)
         with _FALLBACK_LOCK:
             PROGRAMS_BUILT[0] += 1
         captured = Captured(graph, None, [], aten, ctx.externs)
@@ -196,10 +203,18 @@ class _AtenGraphProgram:
         key = _signature(args)
         runner = self.programs.get(key)
         if runner is None:
+            if not self.tiering.should_build(key):
+                t0 = time.perf_counter()  # not worth a build yet: Dynamo's ATen graph, eagerly
+                out = list(self.gm(*args))
+                self.tiering.charge(key, time.perf_counter() - t0)
+                with _FALLBACK_LOCK:
+                    TIERED_EAGER_CALLS[0] += 1
+                return out
             with self._lock:  # concurrent first calls of one signature compile it once
                 runner = self.programs.get(key)
                 if runner is None:
                     runner = self._specialize(args)
+                    self.tiering.built(key)
                     self.programs[key] = runner
         return runner(args)
 

@@ -79,6 +79,13 @@ class SymbolicCaptures:
             out[index] = spec
         return out
 
+    def validate(self, args: tuple, kwargs: dict) -> None:
+        """Raise ValueError where the option does not fit this call (an unknown argument or dim),
+        as a compile would; for calls that run eagerly (runtime/tiering.py)."""
+        tensors = list(pytrees.flatten((tuple(args), dict(kwargs))).leaves)
+        with contextlib.suppress(OutsideRange):
+            dynamic_dims(self._by_index(args, kwargs, len(tensors)), tensors)
+
     def specialized(self, args: tuple, kwargs: dict) -> Captured | None:
         flat = pytrees.flatten((tuple(args), dict(kwargs)))
         tensors = list(flat.leaves)

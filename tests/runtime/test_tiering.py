@@ -1,0 +1,155 @@
+"""Tiered execution of dynamic graphs (runtime/tiering.py): a size without a program runs
+eagerly until its eager calls have cost one build, on both entry points; a size seen once
+never builds, a hot size does, and `tiered=False` (or NOVAFORGE_TIERED=0) builds every size
+at once. The build estimate is process-wide, so each test starts it empty."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import pytest
+import torch
+import torch._dynamo
+
+import novaforge
+from novaforge.frontend import dynamo as nf_dynamo
+from novaforge.runtime import tiering
+
+
+@pytest.fixture(autouse=True)
+def _fresh_estimate(monkeypatch):
+    monkeypatch.setenv("NOVAFORGE_TIERED", "1")  # the suite turns tiering off elsewhere (conftest.py)
+    monkeypatch.setattr(tiering, "_BUILD_TIMES", deque(maxlen=8))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).eval()
+
+
+def test_rent_reaches_the_estimate_then_builds(monkeypatch):
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1.0)
+    t = tiering.Tiering()
+    assert not t.should_build("a")
+    t.charge("a", 0.6)
+    assert not t.should_build("a") and not t.should_build("b")
+    t.charge("a", 0.6)
+    assert t.should_build("a") and not t.should_build("b")
+    t.built("a")
+    assert t.builds == 1 and t.eager_calls == 2 and "a" not in t.rent
+    tiering.record_build(0.1)
+    tiering.record_build(0.3)
+    tiering.record_build(5.0)
+    assert tiering.build_estimate() == 0.3  # the median of the builds measured
+    assert tiering.Tiering(enabled=False).should_build("x")
+
+
+def test_direct_entry_sizes_seen_once_run_eagerly_and_a_hot_size_builds(monkeypatch):
+    mod = _model()
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e9)  # no build pays off
+    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    with torch.no_grad():
+        for n in (4, 7, 33, 9):
+            x = torch.randn(n, 8)
+            assert torch.equal(f(x), mod(x))  # the eager tier is eager
+    assert f.compilations == 0 and f.tiering.eager_calls == 4 and f.dynamic.traces == 0
+
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e-9)  # any eager call pays for a build
+    g = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    with torch.no_grad():
+        x = torch.randn(12, 8)
+        for _ in range(3):
+            torch.testing.assert_close(g(x), mod(x), atol=1e-5, rtol=1e-5)
+    assert g.tiering.eager_calls == 1 and g.compilations == 1 and g.dynamic.traces == 1
+    assert tiering.build_estimate() > 1e-9  # the build's own time now informs the estimate
+
+
+def test_tiered_false_builds_every_size_at_once(monkeypatch):
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e9)
+    mod = _model()
+    f = novaforge.compile(mod, backend="interpret", dynamic=True, tiered=False)
+    with torch.no_grad():
+        for n in (4, 7):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(f(x), mod(x))
+    assert f.compilations == 2 and f.tiering.eager_calls == 0
+    monkeypatch.setenv("NOVAFORGE_TIERED", "0")
+    off = novaforge.compile(mod, backend="interpret", dynamic=True)
+    with torch.no_grad():
+        off(torch.randn(6, 8))
+    assert off.compilations == 1 and not off.tiering.enabled
+    static = novaforge.compile(mod, backend="interpret")  # without dynamic= nothing is tiered
+    with torch.no_grad():
+        static(torch.randn(5, 8))
+    assert static.compilations == 1
+
+
+def test_dynamo_dynamic_graph_runs_its_aten_graph_until_a_size_pays(monkeypatch):
+    torch._dynamo.reset()
+    mod = _model()
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e9)
+    cf = torch.compile(mod, backend="novaforge", dynamic=True)
+    built, eager = nf_dynamo.PROGRAMS_BUILT[0], nf_dynamo.TIERED_EAGER_CALLS[0]
+    with torch.no_grad():
+        for n in (3, 5, 9):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(cf(x), mod(x))
+    assert nf_dynamo.PROGRAMS_BUILT[0] == built and nf_dynamo.TIERED_EAGER_CALLS[0] - eager == 3
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e-9)
+    with torch.no_grad():
+        x = torch.randn(6, 8)
+        for _ in range(3):
+            torch.testing.assert_close(cf(x), mod(x), atol=1e-5, rtol=1e-5)
+    assert nf_dynamo.PROGRAMS_BUILT[0] - built == 1 and nf_dynamo.TIERED_EAGER_CALLS[0] - eager == 4
+
+
+def test_generate_with_the_default_dynamic_cache_builds_no_program_per_token():
+    """`model.forward = torch.compile(model.forward, backend="novaforge")`, then `generate()`
+    with transformers' default DynamicCache: Dynamo makes the decode graph dynamic at the second
+    cache length; every later length is seen once, so it runs eagerly instead of building (it
+    built one program per token before: 29 s against eager's 0.3 s for 16 tokens)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256)).eval()
+    ids = torch.randint(0, 500, (1, 8))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    built, eager = nf_dynamo.PROGRAMS_BUILT[0], nf_dynamo.TIERED_EAGER_CALLS[0]
+    model.forward = torch.compile(model.forward, backend="novaforge")
+    try:
+        with torch.no_grad():
+            got = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    finally:
+        del model.forward
+    assert torch.equal(got, want)
+    assert nf_dynamo.PROGRAMS_BUILT[0] - built <= 2  # the prefill and the first decode step, static
+    assert nf_dynamo.TIERED_EAGER_CALLS[0] - eager >= 9
+
+
+def test_concurrent_calls_at_new_sizes_are_eager_or_compiled_and_always_right(monkeypatch):
+    monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e-9)
+    mod = _model()
+    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    xs = [torch.randn(n, 8) for n in (5, 6, 5, 6, 5, 6)]
+    with torch.no_grad():
+        want = [mod(x) for x in xs]
+    errors: list[BaseException] = []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    torch.testing.assert_close(f(xs[i]), want[i], atol=1e-5, rtol=1e-5)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert f.compilations == 2  # one program per size, once each size paid
