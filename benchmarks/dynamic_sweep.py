@@ -4,7 +4,8 @@ every length of a range, per runner, each runner in a fresh process with empty c
     PYTHONPATH=src python benchmarks/dynamic_sweep.py --model gpt2 --lengths 8:40 [--runners ...]
 
 Runners:
-  nf-static       novaforge.compile(model): a program per length, each traced on its own
+  nf-static       novaforge.compile(model, tiered=False): a program per length, each traced on
+                  its own (tiered, the default, would make the length dynamic at its third value)
   nf-dynamic      novaforge.compile(model, dynamic={"input_ids": {1: (2, 4096)}}): one trace;
                   tiered (the default): a length runs eagerly until its calls cost one build
   nf-dynamo       torch.compile(model, backend="novaforge", dynamic=True): one symbolic
@@ -51,7 +52,7 @@ def _compiled(runner: str, model):
     if runner == "eager":
         return model, lambda: (0, 0)
     if runner == "nf-static":
-        c = novaforge.compile(model, backend="cpu")
+        c = novaforge.compile(model, backend="cpu", tiered=False)  # not made dynamic at its third length
         return c, lambda: (c.compilations, 0)
     tiered = not runner.endswith("-build")
     if runner.startswith("nf-dynamic"):

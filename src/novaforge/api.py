@@ -105,6 +105,8 @@ class CompiledModule:
         if key[2] and self._trains(tensors):
             return self._train_entry(key, args, kwargs).run(tensors, objs)
         entry = self._programs.get(key)
+        if entry is None and self.dynamic is None and self.options.tiered:
+            self._maybe_automatic_dynamic(key)
         if entry is None and not self.tiering.should_build(key):
             return self._eager_tier(key, args, kwargs)
         if entry is None or not entry.binding.refresh():
@@ -123,6 +125,31 @@ class CompiledModule:
                                  "runs eagerly")
             return self._eager(args, kwargs)
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
+
+    def _maybe_automatic_dynamic(self, key: tuple) -> None:
+        """A third size of one input structure (the same arguments, ranks, dtypes, devices and
+        grad mode, with programs for two other sizes): the dims that differ become dynamic, so
+        new sizes are tiered (runtime/tiering.py) and share one symbolic trace. Two sizes do
+        not: `generate()`'s prefill and decode step are two sizes of one structure."""
+        same = [k for k in self._programs if _same_structure(k, key)]
+        if len(same) < AUTOMATIC_DYNAMIC_AFTER:
+            return
+        with self._lock:
+            if self.dynamic is not None:
+                return
+            dims: dict[int, dict[int, None]] = {}
+            for k in same:
+                for i, (a, b) in enumerate(zip(k[1], key[1], strict=True)):
+                    for d, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
+                        if x != y:
+                            dims.setdefault(i, {})[d] = None
+            tiering = Tiering(True)
+            if not tiering.enabled:
+                return
+            self.dynamic = SymbolicCaptures(self.fn, dims, self.freeze)
+            self.tiering = tiering
+        _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
+                          "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
         from .generation import capturing
@@ -303,6 +330,34 @@ def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[t
             v = v.clone()
         out.append(v)
     return out
+
+
+AUTOMATIC_DYNAMIC_AFTER = 2  # programs of one input structure before a new size makes its dims dynamic
+
+
+def _same_structure(a: tuple, b: tuple) -> bool:
+    """Are two call keys (spec, per-tensor signature, grad mode) the same but for sizes? Every
+    tensor keeps its rank, dtype, device, requires-grad and contiguity."""
+    if a[0] != b[0] or a[2] != b[2] or len(a[1]) != len(b[1]) or a[1] == b[1]:
+        return False
+    for x, y in zip(a[1], b[1], strict=True):
+        if x[0] != "T" or y[0] != "T":
+            if x != y:
+                return False
+            continue
+        if len(x[1]) != len(y[1]) or x[2:4] != y[2:4] or x[6] != y[6] or x[5] or y[5]:
+            return False
+        if x[4] != _dense_strides(x[1]) or y[4] != _dense_strides(y[1]):
+            return False
+    return True
+
+
+def _dense_strides(shape: tuple) -> tuple:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _distinct(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:

@@ -153,3 +153,49 @@ def test_concurrent_calls_at_new_sizes_are_eager_or_compiled_and_always_right(mo
         t.join()
     assert not errors, errors
     assert f.compilations == 2  # one program per size, once each size paid
+
+
+def test_direct_entry_without_dynamic_becomes_dynamic_at_a_third_size(monkeypatch):
+    monkeypatch.setattr(tiering, "build_estimate", lambda: 1e9)
+    mod = _model()
+    f = novaforge.compile(mod, backend="cpu")
+    with torch.no_grad():
+        for n in (4, 7):  # two sizes: two programs, as generate()'s prefill and decode step need
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(f(x), mod(x), atol=1e-5, rtol=1e-5)
+        assert f.compilations == 2 and f.dynamic is None
+        for n in (9, 12, 4):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(f(x), mod(x), atol=1e-5, rtol=1e-5)
+    assert f.compilations == 2 and f.tiering.eager_calls == 2  # 9 and 12 eagerly; 4 has its program
+    assert f.dynamic is not None and f.dynamic.option == {0: {0: None}}
+    monkeypatch.setattr(tiering, "build_estimate", lambda: 1e-9)  # now any eager call pays for a build
+    with torch.no_grad():
+        x = torch.randn(12, 8)
+        torch.testing.assert_close(f(x), mod(x), atol=1e-5, rtol=1e-5)
+    assert f.compilations == 3 and f.dynamic.traces == 1
+    g = novaforge.compile(mod, backend="cpu", tiered=False)
+    with torch.no_grad():
+        for n in (4, 7, 9):
+            g(torch.randn(n, 8))
+    assert g.compilations == 3 and g.dynamic is None
+
+
+def test_compiled_generate_keeps_its_two_programs_with_tiering_on():
+    """`novaforge.compile(model).generate()` (a static cache): the prefill and the decode step
+    are two input structures (the cache is filled or not), so both compile at once; a second
+    prompt length is a second size of the prefill's structure and compiles too; a third is
+    dynamic and runs in the eager tier. Tokens are eager's throughout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256)).eval()
+    compiled = novaforge.compile(model)
+    for prompt, programs in ((8, 2), (5, 3), (6, 3)):
+        ids = torch.randint(0, 500, (1, prompt))
+        with torch.no_grad():
+            want = model.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+            got = compiled.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+        assert torch.equal(got, want)
+        assert compiled.compilations == programs
+    assert compiled.tiering.eager_calls == 1  # the third prefill
