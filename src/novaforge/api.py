@@ -35,7 +35,7 @@ from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
 from .runtime.state import StateBinding, fresh_outputs, write_back
-from .runtime.tiering import Tiering, record_build
+from .runtime.tiering import Tiering, build_estimate, record_build
 
 BACKENDS = ("auto", "interpret", "cpu", "triton")
 
@@ -161,6 +161,8 @@ class CompiledModule:
         """A dynamic call at a size whose program is not worth building yet (runtime/tiering.py)."""
         if key not in self.tiering.rent:
             self.dynamic.validate(args, kwargs)  # a wrong dynamic= option raises as a compile would
+            _log_runtime.info("dynamic: new sizes %s run eagerly until their calls cost one build (%.2f s)",
+                              [x[1] for x in key[1] if x[0] == "T"], build_estimate())
         t0 = time.perf_counter()
         out = self._eager(args, kwargs)
         self.tiering.charge(key, time.perf_counter() - t0)

@@ -44,7 +44,7 @@ import torch.fx
 from .. import logs
 from ..ir.symbolic import Sym
 from ..options import Options
-from ..runtime.tiering import Tiering, record_build
+from ..runtime.tiering import Tiering, build_estimate, record_build
 
 log = logs.get_logger("dynamo")
 
@@ -204,6 +204,9 @@ class _AtenGraphProgram:
         runner = self.programs.get(key)
         if runner is None:
             if not self.tiering.should_build(key):
+                if key not in self.tiering.rent:
+                    log.info("dynamic graph (%s): a new signature runs as its ATen graph until its calls cost one "
+                             "build (%.2f s)", _describe_graph(self.gm), build_estimate())
                 t0 = time.perf_counter()  # not worth a build yet: Dynamo's ATen graph, eagerly
                 out = list(self.gm(*args))
                 self.tiering.charge(key, time.perf_counter() - t0)
