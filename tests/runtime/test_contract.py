@@ -20,6 +20,7 @@ from contract_cases import (
     check_mutation_from_another_mutated_input,
     check_parameters_seen,
     check_result_read_before_a_later_mutation,
+    check_results_of_a_strided_input,
     check_views_of_a_transposed_result,
     check_views_of_an_unreturned_result_in_a_mutating_function,
     check_zero_size_operand_errors,
@@ -88,6 +89,11 @@ def test_views_of_a_result_laid_out_otherwise_share_its_storage(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_view_contiguous_only_in_eagers_layout_of_its_base(backend):
     check_contiguous_view_of_a_transposed_result(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_of_a_strided_input_fresh_and_contiguous_as_eager(backend):
+    check_results_of_a_strided_input(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -39,10 +39,6 @@ TAG = "@@nf-fuzz "
 # fuzzer and reported to the owners of the code at fault (docs/debugging.md lists reproducers).
 # They are counted apart so CI fails only on new ones; delete an entry when its fix lands.
 KNOWN: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("layout", r"not contiguous \(strides \(0,", ("triton",),
-     "triton program returns an expand view of its private input copy (x.repeat of a strided input)"),
-    ("layout", r"is not contiguous", ("triton",),
-     "triton program: x.transpose(..).contiguous() of an expanded input returned as a strided view"),
     ("layout", r"is not contiguous", ("interpret",),
      "backend='interpret': results computed from a transposed copy (x.t().contiguous() ** 2) keep its strides"),
 ]

@@ -17,6 +17,7 @@ from contract_cases import (
     check_mutation_from_another_mutated_input,
     check_parameters_seen,
     check_result_read_before_a_later_mutation,
+    check_results_of_a_strided_input,
     check_views_of_a_transposed_result,
     check_views_of_an_unreturned_result_in_a_mutating_function,
 )
@@ -56,6 +57,10 @@ def test_views_of_a_result_laid_out_otherwise_share_its_storage():
 
 def test_view_contiguous_only_in_eagers_layout_of_its_base():
     check_contiguous_view_of_a_transposed_result("triton")
+
+
+def test_results_of_a_strided_input_fresh_and_contiguous_as_eager():
+    check_results_of_a_strided_input("triton")
 
 
 def test_inputs_sharing_memory_mutated_as_eager():

@@ -96,6 +96,24 @@ class TorchCompileStaticRunner:
                         to_tensor=lambda out: out, info={"mode": "default", "cache": "static"})
 
 
+class TorchCompileNovaforgeRunner:
+    """novaforge through Dynamo, as users reach it: torch.compile(model, backend="novaforge");
+    generate compiles model.forward and keeps transformers' default DynamicCache (the cache
+    length is dynamic to Dynamo from its second value: runtime/tiering.py decides what builds)."""
+
+    def inference(self, model: torch.nn.Module, inputs: tuple, ctx: RunContext) -> Prepared:
+        return Prepared(_inference_call(torch.compile(model, backend="novaforge"), inputs), info={"mode": "dynamo"})
+
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        from ...frontend import dynamo
+
+        model.forward = torch.compile(model.forward, backend="novaforge")
+        return Prepared(generate_call(model.generate, ids, new_tokens), to_tensor=lambda out: out,
+                        info={"mode": "dynamo", "cache": "dynamic"},
+                        after_first=lambda: {"programs": dynamo.PROGRAMS_BUILT[0],
+                                             "eager_tier_calls": dynamo.TIERED_EAGER_CALLS[0]})
+
+
 class TorchCompileFreezeRunner:
     def inference(self, model: torch.nn.Module, inputs: tuple, ctx: RunContext) -> Prepared:
         import torch._inductor.config as inductor_config

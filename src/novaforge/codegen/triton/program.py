@@ -152,10 +152,13 @@ class TritonProgram:
         if len(inputs) != len(self.input_slots):
             raise ValueError(f"program expects {len(self.input_slots)} inputs, got {len(inputs)}")
         env = list(self.template)
+        copies: set[int] = set()  # storages of the program's own contiguous copies of inputs
         for s, x in zip(self.input_slots, inputs, strict=True):
             if x.device != self.device:
                 raise ValueError(f"input on {x.device}, program compiled for {self.device}")
             env[s] = x if x.is_contiguous() else x.contiguous()
+            if env[s] is not x and x.numel():
+                copies.add(env[s].untyped_storage().data_ptr())
         for s, shape, dtype in self.fresh:
             env[s] = torch.empty(shape, dtype=dtype, device=self.device)
         for st in self.steps:
@@ -173,7 +176,8 @@ class TritonProgram:
                     else:
                         env[o] = t.contiguous()
         g = self.graph
-        return [env[self.slot_of[v]] for v in g.outputs] + [env[self.slot_of[new]] for _, new in g.mutations]
+        outs = [env[self.slot_of[v]] for v in g.outputs] + [env[self.slot_of[new]] for _, new in g.mutations]
+        return [own_copy_contiguous(o, copies) for o in outs] if copies else outs
 
     def info(self) -> dict[str, Any]:
         """What this program runs and what ran (for reports, gpu_check and tests)."""
@@ -266,7 +270,7 @@ class _CudaGraphRunner:
                 buf.copy_(inputs[i])
             self.cuda.replay(self.graph)
             self.replays += 1
-            return [o.clone() for o in self.outputs]
+            return self._fresh(self.outputs)
         return self._capture(inputs)
 
     def _refs_moved(self, inputs: Sequence[torch.Tensor]) -> bool:
@@ -296,4 +300,22 @@ class _CudaGraphRunner:
         self.captures += 1
         self.cuda.replay(g)
         self.replays += 1
-        return [o.clone() for o in outs]
+        return self._fresh(outs)
+
+    def _fresh(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copies of a replay's outputs; one that views a static input buffer (a view of an
+        input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous."""
+        static = {b.untyped_storage().data_ptr() for b in self.static.values() if b.numel()}
+        return [o.clone(memory_format=torch.contiguous_format) if _storage(o) in static else o.clone() for o in outs]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.numel() else 0
+
+
+def own_copy_contiguous(t: torch.Tensor, copies: set[int]) -> torch.Tensor:
+    """`t`, or a contiguous copy where it is a view of one of the program's own contiguous
+    copies of a strided input (`x.t().contiguous()`, `x.expand(..)` of such an input): the
+    frontend sees no input there, and eager's result is a fresh tensor, contiguous where
+    eager's is (fuzz seed 910314)."""
+    return t.contiguous() if _storage(t) in copies else t
