@@ -43,6 +43,11 @@ def test_rent_reaches_the_estimate_then_builds(monkeypatch):
     tiering.record_build(5.0)
     assert tiering.build_estimate() == 0.3  # the median of the builds measured
     assert tiering.Tiering(enabled=False).should_build("x")
+    capped = tiering.Tiering()
+    for i in range(tiering.MAX_PROGRAMS):
+        capped.built(i)
+    capped.charge("late", 1e9)
+    assert not capped.should_build("late") and capped.capped  # at most MAX_PROGRAMS per graph
 
 
 def test_direct_entry_sizes_seen_once_run_eagerly_and_a_hot_size_builds(monkeypatch):

@@ -14,7 +14,9 @@ input signature of one dynamic graph, when the build is worth it, by the ski-ren
   every later call of that signature runs it.
 
 So the time spent eagerly at a size never exceeds one build time more than building at once
-would have cost, and a size seen once never builds.
+would have cost, and a size seen once never builds. A graph builds at most `MAX_PROGRAMS`
+programs this way (a server generating from many prompts would otherwise, in time, pay for a
+program at every cache length): later sizes stay in the eager tier, logged once.
 
 `Options.tiered=False` builds every signature on its first call, as before; so does
 `$NOVAFORGE_TIERED=0`, which the test suite sets (its tests of dynamic graphs at several sizes
@@ -32,8 +34,12 @@ import threading
 from collections import deque
 from typing import Any
 
-FIRST_BUILD_S = 1.0  # the expected build time before any build was measured (a small model, this CPU)
+from .. import logs
 
+FIRST_BUILD_S = 1.0  # the expected build time before any build was measured (a small model, this CPU)
+MAX_PROGRAMS = 16  # programs one dynamic graph builds through the tiers
+
+_log = logs.get_logger("runtime")
 _BUILD_TIMES: deque[float] = deque(maxlen=8)
 _LOCK = threading.Lock()
 
@@ -59,6 +65,7 @@ class Tiering:
         self.rent: dict[Any, float] = {}
         self.eager_calls = 0
         self.builds = 0
+        self.capped = False
         self._lock = threading.Lock()
 
     def should_build(self, key: Any) -> bool:
@@ -66,6 +73,11 @@ class Tiering:
         if not self.enabled:
             return True
         with self._lock:
+            if self.builds >= MAX_PROGRAMS:
+                if not self.capped:
+                    self.capped = True
+                    _log.warning("dynamic graph: %d programs built; new sizes stay in the eager tier", self.builds)
+                return False
             return self.rent.get(key, 0.0) >= build_estimate()
 
     def charge(self, key: Any, seconds: float) -> None:
