@@ -1,7 +1,10 @@
 """Sequence-length sweep (issue 16): compile counts and total time of one model called once at
 every length of a range, per runner, each runner in a fresh process with empty compile caches.
 
-    PYTHONPATH=src python benchmarks/dynamic_sweep.py --model gpt2 --lengths 8:40 [--runners ...]
+    PYTHONPATH=src python benchmarks/dynamic_sweep.py --model gpt2 --lengths 8:40 [--runners ...] [--full]
+
+(the -tiny model by default: 128 positions, so lengths up to 128; --full for GPT-2 124M and the
+other benchmark-size models)
 
 Runners:
   nf-static       novaforge.compile(model, tiered=False): a program per length, each traced on
@@ -13,7 +16,8 @@ Runners:
   nf-dynamic-build, nf-dynamo-build   the same with tiered=False: every length builds at once
   inductor        torch.compile(model, dynamic=True)
   eager           the model itself (no compile)
-After the sweep each runner times 20 calls at lengths 32 and 128 (median ms), after warm-up
+The sweep time counts the runner's own calls (compiles included), not the eager reference
+calls made to check them. After the sweep each runner times 20 calls at lengths 32 and 128 (median ms), after warm-up
 calls (one; a tiered runner calls until that length has paid for its program, at most 10 s). Outputs are
 checked against eager at every length (max abs difference printed). Prints one JSON line per
 runner, and a table.
@@ -31,6 +35,7 @@ import tempfile
 import time
 
 TIERED = ("nf-dynamic", "nf-dynamo")
+FULL = [False]  # --full: the benchmark-size model (GPT-2 124M, ...) instead of its -tiny version
 RUNNERS = ("eager", "nf-static", "nf-dynamic", "nf-dynamo", "nf-dynamic-build", "nf-dynamo-build", "inductor")
 
 
@@ -39,7 +44,7 @@ def _model(name: str):
 
     from novaforge.bench.workloads import build_inference_model
 
-    model, vocab = build_inference_model(f"{name}-tiny")
+    model, vocab = build_inference_model(name if FULL[0] else f"{name}-tiny")
     torch.manual_seed(0)
     return model.eval(), vocab
 
@@ -80,14 +85,15 @@ def worker(runner: str, model_name: str, lengths: list[int]) -> dict:
     fn, count = _compiled(runner, model)
     g = torch.Generator().manual_seed(0)
     worst = 0.0
-    t0 = time.perf_counter()
+    sweep_s = 0.0  # the runner's own calls only (the eager reference calls are not counted)
     with torch.no_grad():
         for n in lengths:
             ids = torch.randint(0, vocab, (1, n), generator=g)
+            t0 = time.perf_counter()
             out = fn(input_ids=ids).last_hidden_state
+            sweep_s += time.perf_counter() - t0
             ref = model(input_ids=ids).last_hidden_state if runner != "eager" else out
             worst = max(worst, (out - ref).abs().max().item())
-    sweep_s = time.perf_counter() - t0
     programs, eager_calls = count()
     lat, warm = {}, {}
     with torch.no_grad():
@@ -115,8 +121,10 @@ def main() -> None:
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--lengths", default="8:40", help="first:last (inclusive)")
     ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--full", action="store_true", help="the full-size model (gpt2: 124M) instead of the tiny one")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    FULL[0] = a.full
     lo, hi = (int(x) for x in a.lengths.split(":"))
     lengths = list(range(lo, hi + 1))
     if a.worker:
@@ -128,7 +136,8 @@ def main() -> None:
             env = {**os.environ, "NOVAFORGE_CACHE_DIR": nf_cache, "TORCHINDUCTOR_CACHE_DIR": ind_cache,
                    "NOVAFORGE_GRAPH_CACHE": "0"}
             load0 = os.getloadavg()[0]
-            p = subprocess.run([sys.executable, __file__, "--worker", r, "--model", a.model, "--lengths", a.lengths],
+            p = subprocess.run([sys.executable, __file__, "--worker", r, "--model", a.model, "--lengths", a.lengths]
+                               + (["--full"] if a.full else []),
                                env=env, capture_output=True, text=True, timeout=3600)
             load1 = os.getloadavg()[0]
         line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
