@@ -30,6 +30,7 @@ from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .ir import Graph
+from .ir.types import contiguous_strides
 from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
@@ -131,6 +132,8 @@ class CompiledModule:
         grad mode, with programs for two other sizes): the dims that differ become dynamic, so
         new sizes are tiered (runtime/tiering.py) and share one symbolic trace. Two sizes do
         not: `generate()`'s prefill and decode step are two sizes of one structure."""
+        if not settings.tiered_enabled():
+            return
         same = [k for k in self._programs if _same_structure(k, key)]
         if len(same) < AUTOMATIC_DYNAMIC_AFTER:
             return
@@ -143,11 +146,8 @@ class CompiledModule:
                     for d, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
                         if x != y:
                             dims.setdefault(i, {})[d] = None
-            tiering = Tiering(True)
-            if not tiering.enabled:
-                return
             self.dynamic = SymbolicCaptures(self.fn, dims, self.freeze)
-            self.tiering = tiering
+            self.tiering = Tiering(True)
         _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
                           "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
 
@@ -349,17 +349,9 @@ def _same_structure(a: tuple, b: tuple) -> bool:
             continue
         if len(x[1]) != len(y[1]) or x[2:4] != y[2:4] or x[6] != y[6] or x[5] or y[5]:
             return False
-        if x[4] != _dense_strides(x[1]) or y[4] != _dense_strides(y[1]):
+        if x[4] != contiguous_strides(x[1]) or y[4] != contiguous_strides(y[1]):
             return False
     return True
-
-
-def _dense_strides(shape: tuple) -> tuple:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _distinct(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:

@@ -92,21 +92,22 @@ def fresh_outputs(results: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor
                   refs: Sequence[torch.Tensor], owned: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
     """`results` with every one that shares memory with an input, a parameter/buffer, a
     program-owned tensor (`owned`) or an earlier result replaced by a contiguous copy."""
-    taken = {_ptr(t) for t in (*inputs, *refs, *owned)}
+    taken = {storage_ptr(t) for t in (*inputs, *refs, *owned)}
     taken.discard(0)
     out = []
     for r in results:
-        p = _ptr(r)
+        p = storage_ptr(r)
         if p and p in taken:
             r = r.clone(memory_format=torch.contiguous_format)
-            p = _ptr(r)
+            p = storage_ptr(r)
         if p:
             taken.add(p)
         out.append(r)
     return out
 
 
-def _ptr(t: torch.Tensor) -> int:
+def storage_ptr(t: torch.Tensor) -> int:
+    """The address of t's storage (0 for a non-tensor, a meta tensor or an empty one)."""
     if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.numel() == 0:
         return 0
     return t.untyped_storage().data_ptr()

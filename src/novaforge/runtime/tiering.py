@@ -34,7 +34,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from .. import logs
+from .. import logs, settings
 
 FIRST_BUILD_S = 1.0  # the expected build time before any build was measured (a small model, this CPU)
 MAX_PROGRAMS = 16  # programs one dynamic graph builds through the tiers
@@ -59,8 +59,6 @@ class Tiering:
     """The rent of every signature of one dynamic graph (see the module docstring)."""
 
     def __init__(self, enabled: bool = True) -> None:
-        from .. import settings
-
         self.enabled = enabled and settings.tiered_enabled()
         self.rent: dict[Any, float] = {}
         self.eager_calls = 0

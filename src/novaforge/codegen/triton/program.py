@@ -27,6 +27,7 @@ import torch
 
 from ...ir import OPS, Graph, Value
 from ...runtime.interpret import interpret, storage_relative
+from ...runtime.state import storage_ptr
 
 
 class StepKind(StrEnum):
@@ -158,7 +159,7 @@ class TritonProgram:
                 raise ValueError(f"input on {x.device}, program compiled for {self.device}")
             env[s] = x if x.is_contiguous() else x.contiguous()
             if env[s] is not x and x.numel():
-                copies.add(env[s].untyped_storage().data_ptr())
+                copies.add(storage_ptr(env[s]))
         for s, shape, dtype in self.fresh:
             env[s] = torch.empty(shape, dtype=dtype, device=self.device)
         for st in self.steps:
@@ -305,12 +306,9 @@ class _CudaGraphRunner:
     def _fresh(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of a replay's outputs; one that views a static input buffer (a view of an
         input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous."""
-        static = {b.untyped_storage().data_ptr() for b in self.static.values() if b.numel()}
-        return [o.clone(memory_format=torch.contiguous_format) if _storage(o) in static else o.clone() for o in outs]
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.numel() else 0
+        static = {storage_ptr(b) for b in self.static.values()} - {0}
+        return [o.clone(memory_format=torch.contiguous_format) if storage_ptr(o) in static else o.clone()
+                for o in outs]
 
 
 def own_copy_contiguous(t: torch.Tensor, copies: set[int]) -> torch.Tensor:
@@ -318,4 +316,4 @@ def own_copy_contiguous(t: torch.Tensor, copies: set[int]) -> torch.Tensor:
     copies of a strided input (`x.t().contiguous()`, `x.expand(..)` of such an input): the
     frontend sees no input there, and eager's result is a fresh tensor, contiguous where
     eager's is (fuzz seed 910314)."""
-    return t.contiguous() if _storage(t) in copies else t
+    return t.contiguous() if storage_ptr(t) in copies else t
