@@ -56,7 +56,8 @@ def _b_layout(K: int, N: int, layout: str) -> torch.Tensor:
 
 SHAPES = [(1, 1, 1), (3, 17, 5), (17, 33, 3), (33, 255, 17), (6, 16, 16), (7, 1, 31), (128, 64, 48), (2, 300, 129),
           (255, 17, 33), (13, 513, 40), (9, 40, 1100),  # wide N: A is packed (many panels reuse it)
-          (5, 1700, 37)]  # long K: more than one K block
+          (5, 1700, 37),  # long K: more than one K block
+          (20, 2053, 96), (130, 1024, 97)]  # weight_t: staged transposes over several K blocks and chunks
 
 
 def test_reference_bound_can_fail():
