@@ -42,6 +42,7 @@ class Options:
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
     fallback: str = "eager"  # torch.compile: a graph novaforge cannot compile runs eagerly, or "raise"
     tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
+    static_parts: bool = True  # torch.compile, dynamic graphs: that eager run uses compiled static parts
     # -- CPU backend
     pack_weights: bool = False  # keep packed copies of constant matmul weights
     profile: bool = False  # time every launch

@@ -45,6 +45,7 @@ from .. import logs
 from ..ir.symbolic import Sym
 from ..options import Options
 from ..runtime.tiering import Tiering, build_estimate, record_build
+from .static_parts import time_in_parts
 
 log = logs.get_logger("dynamo")
 
@@ -66,6 +67,7 @@ PROGRAMS_BUILT = [0]  # novaforge programs built by this backend in this process
 SYMBOLIC_LOWERINGS = [0]  # dynamic graphs lowered once with symbolic sizes
 STATIC_RETRACES = [0]  # programs of dynamic graphs built from a static re-trace instead
 TIERED_EAGER_CALLS = [0]  # calls of dynamic graphs run eagerly while their signature had no program yet
+STATIC_PARTS = [0]  # static parts of dynamic graphs compiled for their eager tier (frontend/static_parts.py)
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 
@@ -119,14 +121,18 @@ class _AtenGraphProgram:
     """A compiled ATen graph: one novaforge program per concrete input signature, or the graph
     itself (eager) where novaforge cannot compile it."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | Options,
+                 part: bool = False) -> None:
         self.gm = gm
+        self.part = part  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
         self.options = Options.of(options)
         self.fallback_mode = self.options.fallback
         if self.fallback_mode not in FALLBACK_MODES:
             raise ValueError(f"option fallback must be one of {FALLBACK_MODES}, got {self.fallback_mode!r}")
         self.programs: dict[tuple, Any] = {}
         self.symbolic: Any = None  # the graph lowered once with symbolic sizes (dynamic graphs), or why not
+        self.parts: Any = None  # dynamic graphs: the graph with its static parts compiled, or False (none)
+        self.part_programs: list[_AtenGraphProgram] = []
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
@@ -191,9 +197,10 @@ class _AtenGraphProgram:
         t0 = time.perf_counter()
         optimized, records = run_pipeline(graph, options=opts, target=be.target(), backend=be)
         program = be.build(optimized, opts)
-        record_build(time.perf_counter() - t0)
-        with _FALLBACK_LOCK:
-            PROGRAMS_BUILT[0] += 1
+        if not self.part:  # (a part's build says little about a whole graph's: not in the estimate)
+            record_build(time.perf_counter() - t0)
+            with _FALLBACK_LOCK:
+                PROGRAMS_BUILT[0] += 1
         captured = Captured(graph, None, [], aten, ctx.externs)
         self.stats.append(CompileStats(captured, optimized, records, {}, backend, program))
         tensor_pos = [i for i, s in enumerate(specs) if s.kind == "user"]
@@ -207,9 +214,11 @@ class _AtenGraphProgram:
                 if key not in self.tiering.rent:
                     log.info("dynamic graph (%s): a new signature runs as its ATen graph until its calls cost one "
                              "build (%.2f s)", _describe_graph(self.gm), build_estimate())
-                t0 = time.perf_counter()  # not worth a build yet: Dynamo's ATen graph, eagerly
-                out = list(self.gm(*args))
-                self.tiering.charge(key, time.perf_counter() - t0)
+                tier = self._eager_tier()  # not worth a build yet: Dynamo's ATen graph, eagerly
+                t0, in_parts = time.perf_counter(), time_in_parts()
+                out = list(tier(*args))
+                # the rent is what a program could save: the time outside the compiled static parts
+                self.tiering.charge(key, time.perf_counter() - t0 - (time_in_parts() - in_parts))
                 with _FALLBACK_LOCK:
                     TIERED_EAGER_CALLS[0] += 1
                 return out
@@ -220,6 +229,48 @@ class _AtenGraphProgram:
                     self.tiering.built(key)
                     self.programs[key] = runner
         return runner(args)
+
+    def _eager_tier(self) -> torch.fx.GraphModule:
+        """What a signature without a program runs: the ATen graph with its static parts compiled
+        once (the same programs for every size), or the ATen graph itself."""
+        if self.parts is None:
+            with self._lock:
+                if self.parts is None:
+                    self.parts = self._split_static_parts()
+        return self.parts or self.gm
+
+    def _split_static_parts(self) -> Any:
+        from .static_parts import split, structure_key
+
+        if not self.options.static_parts:
+            return False
+
+        shared: dict[str, _AtenGraphProgram] = {}  # equal parts (a model's layers) share one program
+
+        def build_part(part: torch.fx.GraphModule, examples: list[Any]) -> Any:
+            key = structure_key(part)
+            program = shared.get(key)
+            if program is None:
+                program = shared[key] = _AtenGraphProgram(part, examples, self.options, part=True)
+                self.part_programs.append(program)
+            (runner,) = program.programs.values()  # a part is static: its one program, called directly
+            return runner
+
+        try:
+            result = split(self.gm, build_part)
+        except Exception as e:  # noqa: BLE001 - the whole graph then runs eagerly, as before
+            if self.fallback_mode == "raise":
+                raise
+            log.info("dynamic graph (%s): no static parts (%s: %s)", _describe_graph(self.gm), type(e).__name__, e)
+            return False
+        if result is None:
+            return False
+        split_gm, count = result
+        with _FALLBACK_LOCK:
+            STATIC_PARTS[0] += count
+        log.info("dynamic graph (%s): %d static parts (%d programs) compiled once for every size; the rest runs "
+                 "as ATen ops", _describe_graph(self.gm), count, len(shared))
+        return split_gm
 
     def _specialize(self, args: Sequence[Any]) -> Any:
         """A program for the concrete signature of `args`: the graph lowered once with symbolic
