@@ -5,7 +5,8 @@ A dynamic graph (Dynamo's SymInts) whose call has no program of its own runs eag
 (`runtime/tiering.py`). Much of such a graph often has static sizes anyway: in a decode step
 with a dynamic KV cache, only the cache concatenation and the attention over it depend on the
 cache length; the projections, the MLP, the norms and the LM head see one token. `split` finds
-the maximal regions of ATen nodes whose values (and every tensor they read) have static shapes
+the maximal regions of ATen nodes (and `getitem`s of their tuples) whose values, and every
+tensor they read, have static shapes
 (`torch.fx`'s capability-based partitioner, which keeps the split acyclic), keeps those holding
 a matmul, convolution or attention, and replaces each by a module that runs its compiled
 program. The symbolic nodes stay ATen ops in the outer graph, run by torch at every size.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,9 +54,13 @@ def _static_value(v: Any) -> bool:
 
 
 def is_static_node(node: torch.fx.Node) -> bool:
-    """An ATen call whose value and every argument are static (no SymInt anywhere)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    """An ATen call (or a `getitem` of one's tuple, such as a layer norm's output) whose value and
+    every argument are static (no SymInt anywhere)."""
+    if node.op != "call_function" or not (isinstance(node.target, torch._ops.OpOverload)
+                                          or node.target is operator.getitem):
         return False
+    if node.target is operator.getitem and not is_static_node(node.args[0]):
+        return False  # a part's inputs are tensors, never the tuple of a node outside it
     if not isinstance(node.meta.get("val"), torch.Tensor | list | tuple) or not _static_value(node.meta["val"]):
         return False
     ok = [True]
