@@ -49,6 +49,8 @@ def _b_layout(K: int, N: int, layout: str) -> torch.Tensor:
         return torch.randn(K, N)
     if layout == "weight_t":  # nn.Linear weight [N, K] seen as [K, N]: stride_k = 1
         return torch.randn(N, K).t()
+    if layout == "row_padded":  # rows of a wider matrix: row-major, row stride N + 5 (read in place)
+        return torch.randn(K, N + 5)[:, :N]
     if layout == "strided":  # every other column of a wider, row-padded matrix
         return torch.randn(K, 2 * N + 3)[:, 1 : 2 * N + 1 : 2]
     raise ValueError(layout)
@@ -71,7 +73,7 @@ def test_reference_bound_can_fail():
 
 
 @pytest.mark.parametrize("M,K,N", SHAPES)
-@pytest.mark.parametrize("layout", ["kn", "weight_t", "strided"])
+@pytest.mark.parametrize("layout", ["kn", "row_padded", "weight_t", "strided"])
 @pytest.mark.parametrize("packed", [True, False])
 def test_matmul_matches_torch(M, K, N, layout, packed):
     a, b = torch.randn(M, K), _b_layout(K, N, layout)

@@ -8,7 +8,8 @@
  * Loop nest per block (GotoBLAS / BLIS blocking, the A micro-panel resident in L1):
  *   for row block                 (A read in place, or packed once for all K: see pack_a)
  *     for column block            (ncp panels of NR columns: the K-block x ncp*NR block of B in L2)
- *       for K block               (one block when K <= KC: C written once; unpacked B: pack now)
+ *       for K block               (one block when K <= KC: C written once; unpacked B: pack now,
+ *                                  or, row-major float32 B in tasks of <= 128 rows, read in place)
  *         for each row tile       (MR rows; remainders split so no tile is very short)
  *           for each NR panel     (the tile's MR x KC slice of A stays in L1)
  *             micro-kernel        (epilogue fused into the last K block)
@@ -230,6 +231,13 @@ struct RegionPrefetch {
 #ifndef NF_GEMM_PREFETCH_B
 #define NF_GEMM_PREFETCH_B 512
 #endif
+/* Row-major float32 B (a [K, N] weight such as GPT-2's Conv1D) is read in place by the micro-kernel,
+ * not copied into panels, when a task has at most this many rows: GPT-2 b1 x 128 (M = 128) ran 3%
+ * faster (5 of 5 interleaved pairs); at M = 1024 the strided re-reads of each block by 128 row tiles
+ * cost 13-17% (a partial last panel is still packed, as it would be read past N). 0 turns it off. */
+#ifndef NF_GEMM_B_IN_PLACE_MAX_ROWS
+#define NF_GEMM_B_IN_PLACE_MAX_ROWS 128
+#endif
 #ifndef NF_GEMM_UNPACKED_PACK_A
 #define NF_GEMM_UNPACKED_PACK_A 0
 #endif
@@ -254,6 +262,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     // A is packed (once per row block, for all K) when it is strided or bf16, or, with packed B, when many
     // panels reuse it. With unpacked B there is one row block when A is read in place (its tiles stream
     // from L2/L3), so that each block of B is packed once per call.
+    const bool b_in_place = m1 - m0 <= NF_GEMM_B_IN_PLACE_MAX_ROWS && !P.Bp && !P.b_bf16 && P.cs_b == 1;
     const bool pack_a = P.a_bf16 || P.cs_a != 1 || ((P.Bp || NF_GEMM_UNPACKED_PACK_A) && p1 - p0 >= kPackAMinPanels);
     if (!P.Bp) mc_max = std::max(mc_max, std::min({m1 - m0, 1000L * MR, pack_a ? (4L << 20) / std::max(K, 1L) / MR * MR : m1}));
     const long nmb = cdiv(m1 - m0, mc_max);
@@ -298,6 +307,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 const bool last = kb == nk - 1;
                 const float* bbase = nullptr;
                 long pstride = 0;
+                bool in_place = false;  // row-major float32 B read by the micro-kernel where it is
                 if (kc > 0) {
                     if (P.Bp) {
                         bbase = P.Bp + bi * P.bs_bp + pj * K * NR + k0 * NR;
@@ -306,10 +316,12 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                         if (P.b_bf16)
                             pack_b_panels((const uint16_t*)P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje,
                                           bbuf, kc * NR);
+                        else if (b_in_place && pje * NR <= P.N)
+                            in_place = true;
                         else
                             pack_b_panels(P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje, bbuf, kc * NR);
-                        bbase = bbuf;
-                        pstride = kc * NR;
+                        bbase = in_place ? P.B + bi * P.bs_b + k0 * P.rs_b + pj * NR : bbuf;
+                        pstride = in_place ? NR : kc * NR;
                     }
                 }
                 // unpacked B: prefetch the source of the next block (same columns, next K block, or next columns)
@@ -338,6 +350,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                     o.ldr = ldr;
                     o.lo = (int)std::max(0L, n0 - col0);
                     o.hi = (int)std::min((long)NR, n1 - col0);
+                    if (in_place) o.ldb = P.rs_b;
                     const float* bp = bbase ? bbase + (p - pj) * pstride : nullptr;
                     if (pack_a)
                         nfk::kernels[tiles[t]](kc, abuf + tile_row[t] * K + k0 * tiles[t], 1, tiles[t], bp, o);

@@ -1,10 +1,11 @@
 /* nf_gemm_kernel.h — register-blocked micro-kernel and its fused tile epilogue.
  *
- * Invariant: ukernel<R> computes one R x NR tile  acc[i][:] = sum_k A(i, k) * Bp[k*NR + :]
+ * Invariant: ukernel<R> computes one R x NR tile  acc[i][:] = sum_k A(i, k) * Bp[k*ldb + :]
  * entirely in registers (R*NV accumulators) and then writes it to C exactly once:
  *   C = act(acc + [C_old] + [bias]) + [residual]   on the lanes [lo, hi) of the tile only.
  * A(i, k) = ap[i*rsa + k*csa]: A in place (rsa = row stride, csa = 1) or a packed k-major
- * micro-panel (rsa = 1, csa = R). Bp is a k-major panel from the packers in nf_gemm.cpp.
+ * micro-panel (rsa = 1, csa = R). Bp is a k-major panel from the packers in nf_gemm.cpp (k stride
+ * t.ldb = NR), or NR contiguous columns of a row-major B read in place (t.ldb = its row stride).
  * Lanes outside [lo, hi) are never read from or written to C/bias/residual.
  * Internal header of nf_gemm.cpp.
  */
@@ -55,6 +56,7 @@ struct TileOut {
     const float* res;  // row 0 lane 0 of this tile, or nullptr
     long ldr;
     int lo, hi;        // valid lanes
+    long ldb = NR;     // B's k stride: NR for a packed panel, the row stride for row-major B read in place
 };
 
 /* c[i, lanes] = act(c) + res on a full tile already stored (cold path: once per tile). */
@@ -130,6 +132,7 @@ template <int R>
 __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, long rsa, long csa, const float* __restrict bp,
                                        const TileOut& t) {
     vf acc[R][NV];
+    const long ldb = t.ldb;
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -148,8 +151,8 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, long
             vf b0[NV], b1[NV];
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) {
-                b0[j] = vload(bp + k * NR + j * W);
-                b1[j] = vload(bp + (k + 1) * NR + j * W);
+                b0[j] = vload(bp + k * ldb + j * W);
+                b1[j] = vload(bp + (k + 1) * ldb + j * W);
             }
 #pragma GCC unroll 16
             for (int i = 0; i < R; ++i) {
@@ -166,7 +169,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, long
             for (int i = 0; i < R; ++i) {
                 const vf a0 = vset1(ap[i * rsa + k * csa]);
 #pragma GCC unroll 4
-                for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a0, vload(bp + k * NR + j * W), acc[i][j]);
+                for (int j = 0; j < NV; ++j) acc[i][j] = vfma(a0, vload(bp + k * ldb + j * W), acc[i][j]);
             }
         }
 #pragma GCC unroll 16
@@ -178,7 +181,7 @@ __attribute__((noinline)) void ukernel(long kc, const float* __restrict ap, long
         for (long k = 0; k < kc; ++k) {
             vf b[NV];
 #pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) b[j] = vload(bp + k * NR + j * W);
+            for (int j = 0; j < NV; ++j) b[j] = vload(bp + k * ldb + j * W);
 #pragma GCC unroll 16
             for (int i = 0; i < R; ++i) {
                 const vf a = vset1(ap[i * rsa + k * csa]);
