@@ -132,7 +132,6 @@ class _AtenGraphProgram:
         self.programs: dict[tuple, Any] = {}
         self.symbolic: Any = None  # the graph lowered once with symbolic sizes (dynamic graphs), or why not
         self.parts: Any = None  # dynamic graphs: the graph with its static parts compiled, or False (none)
-        self.part_programs: list[_AtenGraphProgram] = []
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
@@ -252,7 +251,6 @@ class _AtenGraphProgram:
             program = shared.get(key)
             if program is None:
                 program = shared[key] = _AtenGraphProgram(part, examples, self.options, part=True)
-                self.part_programs.append(program)
             (runner,) = program.programs.values()  # a part is static: its one program, called directly
             return runner
 

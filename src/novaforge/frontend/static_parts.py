@@ -17,7 +17,8 @@ Invariants:
   graph; its outputs come back in the part's order, as a tuple;
 * the split module computes what the graph computes, for every input signature (the parts are
   the graph's own nodes, and each part's program computes what its nodes compute);
-* the graph module given is not modified (the split works on a copy).
+* the graph module given is not modified (the split works on a copy of its graph; its constant
+  tensors are shared, not copied).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def split(gm: torch.fx.GraphModule,
     """(the graph with its static parts compiled, the number of parts), or None when no part is
     worth a program. `build_part(part_gm, example_inputs)` returns the part's runner (it may
     share one program among parts of equal `structure_key`, such as a model's layers)."""
-    work = copy.deepcopy(gm)
+    work = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # a new graph; constants shared, not copied
     partitioner = CapabilityBasedPartitioner(work, _StaticSupport(), allows_single_node_partition=True)
     parts = [p for p in partitioner.propose_partitions() if any(n.target in HEAVY for n in p.nodes)]
     if not parts:

@@ -141,9 +141,6 @@ void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* ds
 #define NF_PACK_PF 8
 #endif
 
-
-/* Do W rows `row_bytes` apart fall into fewer than 4 sets of a 64-set L1d (32 KiB, 8 ways)? Then
- * loading one vector from each of them at once thrashes those sets. */
 /* dst[(p-p0)*pstride + k*NR + j] = B(k0+k, p*NR+j), zero past column N. */
 template <typename T>
 void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long p0, long p1, float* dst,
