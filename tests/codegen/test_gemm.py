@@ -135,7 +135,8 @@ def test_epilogue(act, with_bias, with_residual, path):
     _check(c, ref, scale, K, slack=1.5)
 
 
-@pytest.mark.parametrize("M,K,N", SHAPES + [(64, 8, 64), (3, 24, 1000)])
+# (112, 300, 70): the dot-product kernel above the packing threshold; (128, 1024, 40): rows aliasing in L1, packed
+@pytest.mark.parametrize("M,K,N", SHAPES + [(64, 8, 64), (3, 24, 1000), (112, 300, 70), (128, 1024, 40)])
 @pytest.mark.parametrize("w_layout", ["contiguous", "row_padded"])
 def test_linear_matches_torch(M, K, N, w_layout):
     """The dot-product kernel on W [N, K] read in place: K tails (K % 8), row/column remainders."""
