@@ -28,10 +28,9 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Graph, GraphInput, Node, Value
-from ..ir.graph import Attrs
-from ..ir.symbolic import DEFAULT_MAX, Sym, SymbolicDecision, SymbolTable, as_dim, substitute, symbol
-from ..ir.types import TensorType, is_float
+from ..ir import Graph
+from ..ir.specialize import python_scalar, specialize
+from ..ir.symbolic import DEFAULT_MAX, Sym, SymbolicDecision, SymbolTable, as_dim, symbol
 
 DimRanges = dict[int, tuple[int, int]]
 
@@ -159,46 +158,6 @@ def active_converter() -> SymbolConverter | None:
     return getattr(_ACTIVE, "value", None)
 
 
-# ---------------------------------------------------------------------------- specialization
-def specialize(graph: Graph, values: Mapping[sympy.Symbol, int]) -> Graph:
-    """The static graph of `graph` at these symbol values (every type and attribute substituted)."""
-    new: dict[Value, Value] = {}
-
-    def val(v: Value) -> Value:
-        out = new.get(v)
-        if out is None:
-            out = new[v] = Value(substitute(v.type, values), v.hint) if _symbolic_type(v.type) else v
-        return out
-
-    inputs = [GraphInput(val(gi.value), gi.kind, gi.name, gi.tensor) for gi in graph.inputs]
-    nodes = []
-    for n in graph.nodes:
-        attrs = n.attrs
-        if _symbolic_attrs(attrs):
-            attrs = Attrs({k: substitute(a, values) for k, a in attrs.items()})
-            if n.op == "scalar":  # a size used as a number takes the scalar's dtype
-                attrs = attrs.replace(value=python_scalar(attrs["value"], attrs["dtype"]))
-        nodes.append(Node(n.op, [val(v) for v in n.inputs], attrs, [val(v) for v in n.outputs], dict(n.meta)))
-    return Graph(inputs, nodes, [val(v) for v in graph.outputs],
-                 [(val(a), val(b)) for a, b in graph.mutations], graph.meta.copy())
-
-
-def python_scalar(value: int, dtype: torch.dtype) -> bool | int | float:
-    if is_float(dtype):
-        return float(value)
-    return bool(value) if dtype == torch.bool else int(value)
-
-
-def _symbolic_type(t: TensorType) -> bool:
-    return any(isinstance(d, Sym) for d in t.shape)
-
-
-def _symbolic_attrs(attrs: Attrs) -> bool:
-    from ..ir.symbolic import is_symbolic
-
-    return any(is_symbolic(a) for a in attrs.values())
-
-
 def symbol_values(table: SymbolTable, graph: Graph, tensors: Sequence[torch.Tensor]) -> dict | str:
     """The symbol values a call's user tensors give (or the reason they do not fit the graph)."""
     from ..ir.symbolic import bind_symbols
@@ -218,5 +177,5 @@ def symbol_values(table: SymbolTable, graph: Graph, tensors: Sequence[torch.Tens
     return why if why is not None else values
 
 
-__all__ = ["SymbolConverter", "SymbolicDecision", "active_converter", "dynamic_dims", "specialize",
-           "symbol_values", "symbolic_inputs"]
+__all__ = ["SymbolConverter", "SymbolicDecision", "active_converter", "dynamic_dims", "python_scalar",
+           "specialize", "symbol_values", "symbolic_inputs"]

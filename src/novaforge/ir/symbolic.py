@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import sympy
 
 SYMBOL_PREFIX = "s"
 DEFAULT_MAX = 1 << 31
+PLAN_SIZE = 512  # the size symbolic schedules are planned at, within the range (`planning_hints`)
 
 
 class SymbolicDecision(Exception):
@@ -42,18 +44,26 @@ def symbol(index: int) -> sympy.Symbol:
 _RANGES = threading.local()  # the ranges comparisons decide with (set while a graph is worked on)
 
 
-class using_ranges:
-    """Context: comparisons of `Sym`s decide from these symbol ranges ({symbol: (lo, hi)})."""
+_HINTS = threading.local()  # the sizes performance decisions are taken at (see `hint`)
 
-    def __init__(self, ranges: Mapping[sympy.Symbol, tuple[int, int]]) -> None:
+
+class using_ranges:
+    """Context: comparisons of `Sym`s decide from these symbol ranges ({symbol: (lo, hi)});
+    `hint` evaluates sizes at `hints` ({symbol: size}) while it is open."""
+
+    def __init__(self, ranges: Mapping[sympy.Symbol, tuple[int, int]],
+                 hints: Mapping[sympy.Symbol, int] | None = None) -> None:
         self.ranges = ranges  # read live: symbols added while the context is open count
+        self.hints = hints
 
     def __enter__(self) -> None:
-        self.saved = getattr(_RANGES, "value", None)
+        self.saved = getattr(_RANGES, "value", None), getattr(_HINTS, "value", None)
         _RANGES.value = self.ranges
+        if self.hints is not None:
+            _HINTS.value = self.hints
 
     def __exit__(self, *exc: Any) -> None:
-        _RANGES.value = self.saved
+        _RANGES.value, _HINTS.value = self.saved
 
 
 def _bounds(expr: sympy.Expr) -> tuple[Any, Any]:
@@ -181,8 +191,90 @@ class Sym:
 
     __str__ = __repr__
 
+    def __format__(self, spec: str) -> str:
+        """In an f-string, a Sym is its C++ expression (`768*s0`, `nf_floordiv_i(s0 + 1, 2)`):
+        the code generators interpolate sizes this way, and a generated function declares each
+        symbol it names (`const int64_t s0 = nf_sym[0];`). `str()` keeps sympy's form."""
+        if spec:
+            raise TypeError(f"format spec {spec!r} for a symbolic size {self}")
+        return c_expr(self.expr)
+
     def subs(self, values: Mapping[sympy.Symbol, int]) -> int | Sym:
         return as_dim(self.expr.subs(values))
+
+
+def c_expr(expr: sympy.Expr) -> str:
+    """A size expression as C++ over int64_t symbol variables named as the symbols (`s0`).
+    Integer polynomials print as themselves; floor and ceiling of a quotient, Mod, Max and Min
+    through nf_cpu.h's integer helpers. Anything else raises SymbolicDecision."""
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, sympy.Add):
+        terms = [c_expr(t) for t in sympy.Add.make_args(expr)]
+        out = terms[0]
+        for t in terms[1:]:
+            out += f" - {t[1:]}" if t.startswith("-") else f" + {t}"
+        return f"({out})"
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise SymbolicDecision(f"size {expr} is not an integer expression")
+        factors = [c_expr(f) for f in sympy.Mul.make_args(rest)]
+        prod = "*".join(factors)
+        return prod if coeff == 1 else (f"-{prod}" if coeff == -1 else f"{int(coeff)}*{prod}")
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        base = c_expr(expr.base)
+        return "(" + "*".join([base] * int(expr.exp)) + ")"
+    if isinstance(expr, sympy.floor | sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if isinstance(expr, sympy.ceiling):
+            return f"(-nf_floordiv_i({c_expr(-num)}, {c_expr(den)}))"
+        return f"nf_floordiv_i({c_expr(num)}, {c_expr(den)})"
+    if isinstance(expr, sympy.Mod):
+        return f"nf_remainder_i({c_expr(expr.args[0])}, {c_expr(expr.args[1])})"
+    if isinstance(expr, sympy.Max | sympy.Min):
+        fn = "std::max" if isinstance(expr, sympy.Max) else "std::min"
+        out = c_expr(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"{fn}<int64_t>({out}, {c_expr(a)})"
+        return out
+    raise SymbolicDecision(f"size {expr} has no C++ form")
+
+
+def hint(x: Any) -> int:
+    """A size for a performance decision (threads, blocking, tile sizes): an int as it is; a Sym
+    at the hints of the open `using_ranges` context. Never for a decision that correctness
+    depends on: those use the ranges (`provably`, `upper`)."""
+    if not isinstance(x, Sym):
+        return int(x)
+    hints = getattr(_HINTS, "value", None)
+    if not hints:
+        raise SymbolicDecision(f"no planning size for {x}")
+    value = x.expr.subs(hints)
+    if not value.is_number:
+        raise SymbolicDecision(f"no planning size for {sorted(map(str, value.free_symbols))} in {x}")
+    return int(value)
+
+
+def hinted(x: Any) -> Any:
+    """`x` (a size, a shape, a TensorType, a list of them) with every Sym at its `hint`."""
+    if isinstance(x, Sym):
+        return hint(x)
+    if isinstance(x, tuple | list):
+        return type(x)(hinted(e) for e in x)
+    if hasattr(x, "with_shape") and is_symbolic(x):
+        return x.with_shape(hinted(x.shape))
+    return x
+
+
+def upper(x: Any) -> int | None:
+    """The largest value a size takes over the open ranges (None: unbounded)."""
+    if not isinstance(x, Sym):
+        return int(x)
+    _, hi = _bounds(x.expr)
+    return int(hi) if hi.is_number and hi.is_finite else None
 
 
 def provably(cond: Any) -> bool:
@@ -228,7 +320,19 @@ def substitute(x: Any, values: Mapping[sympy.Symbol, int]) -> Any:
         return slice(substitute(x.start, values), substitute(x.stop, values), substitute(x.step, values))
     if hasattr(x, "with_shape") and is_symbolic(x):
         return x.with_shape(substitute(x.shape, values))
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # e.g. a strided layout
+        changed = {f.name: substitute(getattr(x, f.name), values) for f in dataclasses.fields(x)
+                   if _holds_sym(getattr(x, f.name))}
+        return dataclasses.replace(x, **changed) if changed else x
     return x
+
+
+def _holds_sym(x: Any) -> bool:
+    if isinstance(x, Sym):
+        return True
+    if isinstance(x, list | tuple):
+        return any(_holds_sym(e) for e in x)
+    return False
 
 
 @dataclass
@@ -261,13 +365,32 @@ class SymbolTable:
         return None
 
     def ranges_context(self) -> using_ranges:
-        return using_ranges(self.ranges)
+        return using_ranges(self.ranges, self.planning_hints())
+
+    def planning_hints(self) -> dict[sympy.Symbol, int]:
+        """The size each symbol's performance decisions are taken at: the range's upper end,
+        capped at PLAN_SIZE, and never below the captured size. A schedule made for large
+        sizes costs microseconds at small ones (an unneeded thread fork); one made for small
+        sizes costs a factor at large ones (one thread, small tiles)."""
+        return {s: max(self.hints[s], min(hi, PLAN_SIZE)) if self.hints.get(s) else min(hi, PLAN_SIZE)
+                for s, (lo, hi) in self.ranges.items()}
 
     def describe(self) -> str:
         parts = [f"{s} in [{lo}, {hi if hi < DEFAULT_MAX else 'inf'}] (captured at {self.hints[s]})"
                  for s, (lo, hi) in ((s, self.ranges[s]) for s in self.symbols)]
         parts += [f"guard {g}" for g in self.guards]
         return "; ".join(parts)
+
+
+def graph_symbols(graph: Any) -> list[sympy.Symbol]:
+    """The size symbols of a graph's inputs, indexed by number: [s0, s1, ...] up to the highest
+    one used (the order of the `nf_sym` array generated code reads)."""
+    used: set[int] = set()
+    for gi in graph.inputs:
+        for d in gi.value.type.shape:
+            if isinstance(d, Sym):
+                used.update(int(s.name[len(SYMBOL_PREFIX):]) for s in d.expr.free_symbols)
+    return [symbol(i) for i in range(max(used) + 1)] if used else []
 
 
 def bind_symbols(pattern: Iterable[tuple[Any, int]]) -> dict[sympy.Symbol, int] | str:

@@ -3,7 +3,8 @@
 Greedy list scheduling over the top-level nodes: among ready nodes pick the one that frees
 the most bytes minus what it allocates, ties broken by the original order (which keeps the
 model's locality). The new order is kept only if its planned peak of live intermediate bytes
-is lower than the original order's; the pass reports both.
+is lower than the original order's; the pass reports both. Symbolic sizes count at their
+planning hint (an order is a performance choice: any order is correct).
 
 A node that computes a mutated graph input's new value is placed after every other reader of
 the input's old value (and of its views) where the dependences allow it, in both orders: the
@@ -14,6 +15,7 @@ a weight after the backward matmul that reads it, so the update needs no fresh b
 from __future__ import annotations
 
 from ..ir import Graph, Node, Value
+from ..ir.symbolic import hint
 from ..ir.views import view_roots
 from .context import PassContext
 
@@ -26,11 +28,11 @@ def _peak(nodes: list[Node], escaping: set[Value]) -> int:
             last[v] = i
     live = peak = 0
     for i, n in enumerate(nodes):
-        live += sum(o.type.nbytes for o in n.outputs if o not in escaping)
+        live += sum(hint(o.type.nbytes) for o in n.outputs if o not in escaping)
         peak = max(peak, live)
         for v in set(n.inputs):
             if last.get(v) == i and v not in escaping and v in produced:
-                live -= v.type.nbytes
+                live -= hint(v.type.nbytes)
     return peak
 
 
@@ -116,8 +118,8 @@ def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
     while ready:
         def score(i: int) -> tuple[int, int]:
             n = nodes[i]
-            alloc = sum(o.type.nbytes for o in n.outputs if o not in escaping)
-            freed = sum(v.type.nbytes for v in set(n.inputs)
+            alloc = sum(hint(o.type.nbytes) for o in n.outputs if o not in escaping)
+            freed = sum(hint(v.type.nbytes) for v in set(n.inputs)
                         if remaining_uses.get(v) == 1 and v in producer and v not in escaping)
             return (alloc - freed, i)
 

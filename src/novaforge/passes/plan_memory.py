@@ -8,13 +8,20 @@ placed buffer with an intersecting interval. A pointwise kernel may write an out
 buffer of an input that dies at that kernel (same size, read at the same index only): the two
 then share an offset. `verify_plan` checks the invariant: no two buffers whose intervals
 intersect overlap in the arena, except such in-place pairs.
+
+With symbolic sizes (one program for a range of sizes) the liveness and the in-place pairs
+are computed once (they do not depend on sizes) and the offsets are placed for each call's
+sizes by `MemoryPlan.at` (milliseconds, once per size) and verified there; the plan the pass
+records shows the placement at the symbols' planning hints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Value
+from ..ir.symbolic import is_symbolic, substitute
 from ..ir.views import view_roots
 from .context import PassContext, describe
 
@@ -30,6 +37,16 @@ class MemoryPlan:
     fresh: set[Value] = field(default_factory=set)
     inplace: dict[Value, Value] = field(default_factory=dict)  # output -> input whose buffer it reuses
     sum_bytes: int = 0  # all intermediates, as if each had its own allocation
+    symbolic: bool = False  # sizes are expressions of size symbols: offsets are placed per call (`at`)
+
+    def at(self, values: Mapping) -> MemoryPlan:
+        """The plan for concrete symbol values: the same buffers, intervals and in-place pairs,
+        offsets placed for these sizes (and verified)."""
+        plan = MemoryPlan(0, {}, {v: substitute(n, values) for v, n in self.sizes.items()}, self.intervals,
+                          self.fresh, self.inplace)
+        _place(plan, PassContext())
+        verify_plan(plan)
+        return plan
 
     def summary(self) -> str:
         return (f"arena {self.arena_bytes / 2**20:.2f} MiB for {len(self.offsets)} buffers "
@@ -92,15 +109,44 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     intervals = {v: (defined[v], last.get(v, defined[v])) for v in buffers}
     sizes = {v: _align(max(v.type.nbytes, 1)) for v in buffers}
     inplace = _inplace_candidates(graph, last, buffers, ctx) if ctx.options.inplace else {}
-    # an in-place output shares its input's slot: plan the pair as one buffer
-    merged_into = dict(inplace)
+    plan = MemoryPlan(0, {}, sizes, intervals, fresh, inplace)
+    if is_symbolic(list(sizes.values())):
+        # sizes known per call only: the liveness and in-place pairs hold for every size, the
+        # offsets are placed for each call's sizes (`MemoryPlan.at`); the plan shown is at the hints
+        plan.symbolic = True
+        shown = plan.at(hinted_values())
+        plan.arena_bytes, plan.offsets, plan.sum_bytes = shown.arena_bytes, shown.offsets, shown.sum_bytes
+    else:
+        _place(plan, ctx)
+        verify_plan(plan)
+    ctx.count("arena_bytes", plan.arena_bytes)
+    ctx.count("sum_intermediate_bytes", plan.sum_bytes)
+    ctx.count("inplace", len(inplace))
+    meta = graph.meta.copy()
+    meta.memory_plan = plan
+    return Graph(graph.inputs, graph.nodes, graph.outputs, graph.mutations, meta)
+
+
+def hinted_values() -> dict:
+    """The symbols' planning hints of the open context (ir/symbolic.py)."""
+    from ..ir import symbolic
+
+    return dict(getattr(symbolic._HINTS, "value", None) or {})
+
+
+def _place(plan: MemoryPlan, ctx: PassContext) -> None:
+    """Best-fit offsets for concrete sizes: largest buffer first, at the lowest 64-byte aligned
+    offset that overlaps no placed buffer live at the same time; an in-place output shares
+    its input's slot."""
+    sizes, intervals = plan.sizes, plan.intervals
+    merged_into = dict(plan.inplace)
 
     def slot_of(x: Value) -> Value:
         while x in merged_into:
             x = merged_into[x]
         return x
 
-    slots = [v for v in buffers if v not in merged_into]
+    slots = [v for v in sizes if v not in merged_into]
     slot_interval = dict(intervals)
     for o in merged_into:
         root = slot_of(o)
@@ -128,15 +174,9 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
         placed.append((chosen, size, start, end))
     for o in merged_into:
         offsets[o] = offsets[slot_of(o)]
-    arena = max((off + sz for off, sz, _, _ in placed), default=0)
-    plan = MemoryPlan(arena, offsets, sizes, intervals, fresh, inplace, sum(sizes.values()))
-    verify_plan(plan)
-    ctx.count("arena_bytes", arena)
-    ctx.count("sum_intermediate_bytes", plan.sum_bytes)
-    ctx.count("inplace", len(inplace))
-    meta = graph.meta.copy()
-    meta.memory_plan = plan
-    return Graph(graph.inputs, graph.nodes, graph.outputs, graph.mutations, meta)
+    plan.offsets = offsets
+    plan.arena_bytes = max((off + sz for off, sz, _, _ in placed), default=0)
+    plan.sum_bytes = sum(sizes.values())
 
 
 class PlanError(AssertionError):

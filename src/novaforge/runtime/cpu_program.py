@@ -24,9 +24,10 @@ slot's type; calls are serialized per program (one arena).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,6 +36,9 @@ import torch
 
 from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
+from ..ir.graph import Attrs
+from ..ir.specialize import specialize
+from ..ir.symbolic import is_symbolic, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
@@ -125,8 +129,35 @@ class OutputSpec:
         self.kind = OutputKind(self.kind)
 
 
+def _node_at(n: Node, values: Mapping[Any, int]) -> Node:
+    if not is_symbolic(list(n.attrs.values())):
+        return n
+    return Node(n.op, n.inputs, Attrs({k: substitute(a, values) for k, a in n.attrs.items()}), n.outputs, n.meta)
+
+
+def _step_at(st: StepSpec, values: Mapping[Any, int]) -> StepSpec:
+    """A step of a symbolic program at concrete sizes (generated segments take the sizes as an
+    argument and are the same step)."""
+    if st.kind == "seg":
+        return st
+    return dataclasses.replace(st, operands=[(s, substitute(lay, values)) for s, lay in st.operands],
+                               attrs=substitute(st.attrs, values),
+                               body=specialize(st.body, values) if st.body is not None else None)
+
+
 def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
     return t.as_strided(lay.shape, lay.strides, t.storage_offset() + lay.offset)
+
+
+@dataclass
+class SymbolicLayout:
+    """What a program for a range of sizes fixes per call size (see `CpuProgram.at`): the memory
+    plan (offsets placed per size), the value of each arena slot, and the scratch slots."""
+
+    plan: Any  # passes.plan_memory.MemoryPlan with symbolic sizes
+    arena_values: dict[int, Any]  # arena slot -> the IR value its offset is planned for
+    scratch: list[int]  # scratch slots (at the arena's end, sized by the largest)
+    symbols: list[Any]  # the graph's size symbols (sympy), s0, s1, ... in index order
 
 
 class CpuProgram:
@@ -142,6 +173,7 @@ class CpuProgram:
         self._arena_bytes = max(arena_bytes, 64)
         self.arena = torch.empty(0, dtype=torch.uint8)
         self._ptrs = (ctypes.c_void_p * max(len(slots), 1))()
+        self._sizes = (ctypes.c_int64 * 1)()  # the symbols' values (programs for a range of sizes)
         self._env: list[torch.Tensor | None] = [None] * len(slots)
         self._lock = threading.Lock()
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
@@ -161,6 +193,35 @@ class CpuProgram:
         # runs the steps instead of the plain loop when set: observer(runners, slot tensors)
         # (runtime/check_numerics.py checks every kernel this way)
         self.observer: Callable[[list[Callable[[], None]], list], None] | None = None
+        self.symbolic: SymbolicLayout | None = None  # a program for a range of sizes (`at`)
+        self.sizes: dict[Any, int] = {}  # the symbol values of a program made by `at`
+
+    def at(self, values: Mapping[Any, int]) -> CpuProgram:
+        """This program (built for symbolic sizes) at concrete symbol values: the same library
+        and kernels, with slot types, arena offsets, library-step views and torch-step bodies
+        for these sizes, and the sizes passed to every generated entry point. Milliseconds: no
+        code is generated or compiled."""
+        sym = self.symbolic
+        if sym is None:
+            raise ValueError("at(): this program was built for static sizes")
+        plan = sym.plan.at(values)
+        slots = [dataclasses.replace(spec, type=substitute(spec.type, values)) for spec in self.slots]
+        for s, v in sym.arena_values.items():
+            slots[s].index = plan.offsets[v]
+        arena = (plan.arena_bytes + 63) // 64 * 64
+        scratch = 0
+        for s in sym.scratch:
+            slots[s].index = arena
+            scratch = max(scratch, (slots[s].type.nbytes + 63) // 64 * 64)
+        steps = [_step_at(st, values) for st in self.steps]
+        outputs = [dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views)) for o in self.outputs]
+        prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena + scratch, self.info)
+        prog.sizes = {s: int(values[s]) for s in sym.symbols}
+        prog._sizes = (ctypes.c_int64 * max(len(sym.symbols), 1))(*[prog.sizes[s] for s in sym.symbols])
+        for attr in ("schedules", "kernel_slots"):
+            if hasattr(self, attr):
+                setattr(prog, attr, getattr(self, attr))
+        return prog
 
     def _materialize(self) -> None:
         """Allocate the arena and bind fixed slots (at the first call: a build may run under a
@@ -200,12 +261,13 @@ class CpuProgram:
             assert self.lib is not None
             fn = getattr(self.lib, st.seg)
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p]
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             ptrs = ctypes.cast(self._ptrs, ctypes.c_void_p)
+            sizes = ctypes.cast(self._sizes, ctypes.c_void_p)
             label = st.label
 
             def run_seg() -> None:
-                rc = fn(ptrs)
+                rc = fn(ptrs, sizes)
                 if rc:
                     raise KernelIndexError(f"index out of range in a generated gather ({label})")
 

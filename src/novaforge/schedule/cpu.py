@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, fields
 
 from .. import settings
+from ..ir.symbolic import Sym, hint
 from .target import CpuTarget
 
 # one OpenMP parallel region (fork + join) on a warm pool, ns (NOVAFORGE_CPU_FORK_NS: experiments)
@@ -52,6 +53,14 @@ class KernelShape:
     head_dim: int = 0  # attention
     kv_len: int = 0
     q_len: int = 0
+
+    def __post_init__(self) -> None:
+        # a symbolic size is planned at its hint (ir/symbolic.py: performance only; whatever
+        # correctness needs from a size, the code generator takes from the size itself)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Sym):
+                object.__setattr__(self, f.name, hint(v))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ S = (q * scale) K^T (register-blocked, vectorized over keys), applies the
 mask (bool: keep; float: added) and the causal triangle (key j <= query i, top-left aligned),
 updates each row's running max and sum (online softmax) and accumulates P V into a per-row
 accumulator. Only a q_tile x kv_tile score tile ever exists. Grouped-query heads read the
-key/value head h // (Hq / Hk). Shapes and strides are compile-time constants; q, k, v and the
-mask are read through their strides (no transposes copied).
+key/value head h // (Hq / Hk). Shapes and strides are compile-time constants, or expressions
+of the call's size symbols (tile sizes are then planned at the symbols' hints; every loop bound
+comes from the sizes themselves); q, k, v and the mask are read through their strides (no
+transposes copied).
 
 bfloat16 q/k/v (and mask) are converted to float32 when packed (q, K^T, and V into a packed
 float copy) and the output is rounded to bfloat16 once; everything in between is float32.
@@ -24,6 +26,7 @@ import math
 import torch
 
 from ...ir import Kernel
+from ...ir.symbolic import hint
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, operand
@@ -84,10 +87,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
     if B == 0 or hq == 0 or L == 0:
         B = 0
     qs, ks, vs = q.layout.strides[-3:], k.layout.strides[-3:], v.layout.strides[-3:]
-    shape = KernelShape("attention", outer=B * hq * max(1, math.ceil(L / 16)), inner=S,
-                        flops=4.0 * B * hq * L * S * E / (2 if causal else 1),
-                        bytes=4.0 * (B * hq * L * (E + Ev) + B * hk * S * (E + Ev)), head_dim=max(E, Ev),
-                        kv_len=S, q_len=L)
+    hB, hL, hS = hint(B), hint(L), hint(S)  # symbolic sizes: planned at their hint
+    shape = KernelShape("attention", outer=hB * hq * max(1, math.ceil(hL / 16)), inner=hS,
+                        flops=4.0 * hB * hq * hL * hS * E / (2 if causal else 1),
+                        bytes=4.0 * (hB * hq * hL * (E + Ev) + hB * hk * hS * (E + Ev)), head_dim=max(E, Ev),
+                        kv_len=hS, q_len=hL)
     sched = configure(shape, target)
     BQ, BK = sched.q_tile, sched.kv_tile
     W = target.vector_floats
@@ -120,9 +124,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"const {T}* vg = (const {T}*)p{1 + v.buf} + {v.layout.offset};")
         if mask is not None:
             c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf} + {mask.layout.offset};")
-        nqb = math.ceil(L / BQ)
-        # tasks: (batch, head, chunk of query blocks); K^T is packed once per task
-        nchunk = max(1, min(nqb, -(-4 * sched.threads // max(1, B * hq))))
+        nqb = -(-L // BQ)
+        # tasks: (batch, head, chunk of query blocks); K^T is packed once per task. The number of
+        # chunks is a performance choice (at the hint); with symbolic sizes a chunk past the last
+        # query block finds its block range empty
+        nchunk = max(1, min(hint(nqb), -(-4 * sched.threads // max(1, hint(B) * hq))))
         per = -(-nqb // nchunk)
         total = B * hq * nchunk
         if sched.threads > 1:
@@ -137,7 +143,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"{T}* op = out + b * {bst[-1]} + h * {head_off};")
         c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
-        c(f"const int64_t kend = {'(iend < ' + str(S) + ' ? iend : ' + str(S) + ')' if causal else S};")
+        c(f"const int64_t kend = {f'(iend < {S} ? iend : {S})' if causal else S};")
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
         c.open("for (int64_t j = 0; j < kend; j++)")
         c(f"const {T}* kr = kp + j * {ks[1]};")
@@ -159,7 +165,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"for (int64_t e = 0; e < {Ev}; e++) acc[r][e] = 0.0f;")
         c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = {ld(f'qp[(i0 + r) * {qs[1]} + e * {qs[2]}]')} * {scale!r}f;")
         c.close()
-        c(f"const int64_t jend = {'(i1 < ' + str(S) + ' ? i1 : ' + str(S) + ')' if causal else S};")
+        c(f"const int64_t jend = {f'(i1 < {S} ? i1 : {S})' if causal else S};")
         c.open(f"for (int64_t j0 = 0; j0 < jend; j0 += {BK})")
         c(f"const int64_t nj = jend - j0 < {BK} ? jend - j0 : {BK};")
         c(f"const float* kt = ktb + (j0 / {BK}) * {E * BK};")
@@ -225,7 +231,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         if pv_tiled:
             # register-blocked P V: 4 rows x 2 vectors of the head dim, V read in place (rows contiguous)
             ldv = Ev if bf16 else vs[1]
-            c(f"const float* vt = {'vcb + j0 * ' + str(Ev) if bf16 else 'vp + j0 * ' + str(vs[1])};")
+            c(f"const float* vt = {f'vcb + j0 * {Ev}' if bf16 else f'vp + j0 * {vs[1]}'};")
             c("int64_t rp = 0;")
             c(f"for (; rp + 6 <= nr; rp += 6) for (int64_t e = 0; e < {Ev}; e += {2 * W}) "
               f"nf_tile_rank<6, true>(s[rp], {BK}, vt + e, {ldv}, nj, &acc[rp][e], {Ev});")

@@ -7,7 +7,7 @@
 2. assigns a slot to every buffer (constants, inputs, arena offsets from the memory plan,
    fresh outputs, one shared scratch region for library results that need one);
 3. lays out the steps: runs of consecutive generated kernels become one C entry point
-   `nf_seg_<i>(void** slots)` (one ctypes call per run), library and torch steps sit between;
+   `nf_seg_<i>(void** slots, const int64_t* sizes)` (one ctypes call per run), library and torch steps sit between;
 4. keys the library by sha256(version, backend hash, target, compiler and flags, the unique
    kernels' structural keys + schedules, the glue) and loads it from the cache or renders
    and compiles it (split into translation units compiled in parallel);
@@ -30,11 +30,12 @@ import torch
 from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import OPS, Graph, Kernel, Value
+from ...ir.symbolic import graph_symbols, hint
 from ...ir.types import TensorType
 from ...ir.views import view_roots
 from ...options import Options
 from ...runtime import check_numerics
-from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
+from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..registry import sources_digest
 from .analysis import Unsupported
@@ -223,6 +224,9 @@ class CpuBackend:
                 "profile": profile,
                 "target": target.describe()}
         program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
+        if layout.plan.symbolic:
+            program.symbolic = SymbolicLayout(layout.plan, layout.arena_values, layout.scratch_slots,
+                                              graph_symbols(graph))
         program.schedules = schedules
         program.kernel_slots = kernel_slots
         if per_kernel:
@@ -274,21 +278,22 @@ class CpuBackend:
 
 def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]],
           profile: bool = False) -> str:
-    """Entry points `nf_seg_<i>(void** slots)`; with `profile`, each call's wall time is added to
+    """Entry points `nf_seg_<i>(void** slots, const int64_t* sizes)` (the symbols' values of
+    the call, see loops.signature); with `profile`, each call's wall time is added to
     `nf_prof[launch]` (read with `nf_profile()`)."""
     lines = ["#include <omp.h>"] if profile else []
     for fn, g in sorted(gens.items()):
-        lines.append(f'extern "C" int {fn}({", ".join(["void*"] * g.n_args)});')
+        lines.append(f'extern "C" int {fn}({", ".join(["void*"] * g.n_args + ["const int64_t*"])});')
     n_launch = sum(len(c) for _, c in segments)
     if profile:
         lines.append(f"static double nf_prof[{max(n_launch, 1)}];")
         lines.append(f"{EXPORT} double* nf_profile() {{ return nf_prof; }}")
     k = 0
     for name, calls in segments:
-        lines.append(f"{EXPORT} int {name}(void** s) {{")
+        lines.append(f"{EXPORT} int {name}(void** s, const int64_t* nf_sym) {{")
         lines.append("  int rc;")
         for fn, args in calls:
-            call = f"{fn}({', '.join(f's[{a}]' for a in args)})"
+            call = f"{fn}({', '.join([f's[{a}]' for a in args] + ['nf_sym'])})"
             if profile:
                 lines.append(f"  {{ double t0 = omp_get_wtime(); rc = {call}; nf_prof[{k}] += omp_get_wtime() - t0; "
                              "if (rc) return rc; }")
@@ -342,7 +347,10 @@ class _Layout:
         if plan is None:
             raise ValueError("the CPU backend needs a memory-planned graph (run the full pipeline)")
         self.graph = graph
+        self.plan = plan
         self.slots: list[SlotSpec] = []
+        self.arena_values: dict[int, Value] = {}  # arena slot -> its value (symbolic plans place per size)
+        self.scratch_slots: list[int] = []
         self._slot: dict[Value, int] = {}
         self._input_pos: dict[Value, int] = {}
         self._const: dict[Value, Any] = {}
@@ -391,6 +399,7 @@ class _Layout:
                     fresh += 1
                 elif o in plan.offsets:
                     self._slot[o] = self._add(SlotSpec("arena", o.type, index=plan.offsets[o]))
+                    self.arena_values[self._slot[o]] = o
                 else:
                     raise ValueError(f"kernel output {o!r} has no buffer in the memory plan")
 
@@ -453,8 +462,9 @@ class _Layout:
 
     def scratch(self, t: TensorType) -> int:
         """A slot at the start of the shared scratch region (one library result at a time)."""
-        self.scratch_bytes = max(self.scratch_bytes, (t.nbytes + 63) // 64 * 64)
-        return self._add(SlotSpec("scratch", t, index=self.arena_bytes))
+        self.scratch_bytes = max(self.scratch_bytes, (hint(t.nbytes) + 63) // 64 * 64)
+        self.scratch_slots.append(self._add(SlotSpec("scratch", t, index=self.arena_bytes)))
+        return self.scratch_slots[-1]
 
     def output_spec(self, v: Value) -> OutputSpec:
         if v in self._views:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ...ir import Node
+from ...ir.symbolic import Sym
 from ..body import NOT_GENERATED
 from .analysis import Unsupported
 
@@ -91,6 +92,12 @@ def float_literal(x: float) -> str:
 
 def literal(value, dtype: torch.dtype) -> str:
     check_dtype(dtype)
+    if isinstance(value, Sym):  # a size used as a number: known per call
+        if dtype == torch.bool:
+            return f"({value} != 0)"
+        if dtype in (torch.float32, torch.int64, torch.int32):
+            return f"(({compute_type(dtype)})({value}))"
+        raise Unsupported(f"a symbolic size as a {dtype} literal")
     if dtype in FLOATS:
         # the value the interpreter's 0-d tensor holds (rounded to the dtype), as a float
         v = torch.tensor(value, dtype=dtype).float().item()

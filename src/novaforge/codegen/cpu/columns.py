@@ -118,7 +118,7 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
     emitted: set[Value] = {v for v, lf in info.leaves.items() if lf.kind == "const"}
     for v in leaves:  # per-lane summary leaves
         if not is_row(v):
-            arr = fresh("s")
+            arr = fresh("sa")
             code(f"{compute_type(info.leaves[v].dtype)} {arr}[{LANES}];")
             lane_loop([f"{arr}[j] = {load(v, base[leaves.index(v)].name + 'b')};"])
             names[v] = f"{arr}[j]"
@@ -133,7 +133,7 @@ def render_reduction_columns(name: str, in_dtypes: list[torch.dtype], out_dtypes
             for n in summaries:
                 o = n.outputs[0]
                 if o not in emitted and all(info.resolve(x) in emitted for x in n.inputs):
-                    arr = fresh("s")
+                    arr = fresh("sa")
                     code(f"{compute_type(o.type.dtype)} {arr}[{LANES}];")
                     lane_loop([f"{arr}[j] = {expr(n)};"])
                     names[o] = f"{arr}[j]"

@@ -26,6 +26,7 @@ from enum import StrEnum
 
 from ...ir import OPS, Graph, GraphInput, Kernel, Node, make_node
 from ...ir.ops import node_flops
+from ...ir.symbolic import SymbolicDecision, hint
 from ...ir.types import TensorType
 from ...ir.views import Strided, heads_last, permuted_copy
 from ...schedule.cpu import KernelShape, configure
@@ -84,7 +85,7 @@ def _cost(body: Graph) -> tuple[float, float]:
         if d.has("view") or d.has("generator"):
             continue
         flops += node_flops(n.op, [v.type for v in n.inputs], [o.type for o in n.outputs], n.attrs)
-    nbytes = sum(gi.value.type.nbytes for gi in body.inputs) + sum(o.type.nbytes for o in body.outputs)
+    nbytes = sum(hint(gi.value.type.nbytes) for gi in body.inputs) + sum(hint(o.type.nbytes) for o in body.outputs)
     return flops, float(nbytes)
 
 
@@ -261,6 +262,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
         raise Unsupported(f"{kernel.kind} kernel {kernel.name} is not generated")
     except Unsupported as e:
         return KernelPlan("torch", reason=str(e))
+    except SymbolicDecision as e:  # a choice the sizes' ranges do not settle
+        return KernelPlan("torch", reason=f"symbolic sizes: {e}")
 
 
 def _stores_heads_last(body, anchor) -> bool:

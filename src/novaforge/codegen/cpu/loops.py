@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -37,10 +38,14 @@ from .cexpr import FLOATS, compute_type, literal, load_expr, op_expr, storage_ty
 class GenKernel:
     fn: str  # C function name
     n_args: int
-    render: Callable[[], str]  # the function's source (plus helpers it needs)
+    render_fn: Callable[[], str]  # the function's source (plus helpers it needs)
     schedule: CpuSchedule
     key: str  # structural key + schedule: equal keys render equal functions
     info: BodyInfo | None = None  # the loop analysis (pointwise and reduction kernels)
+
+    def render(self) -> str:
+        """The source, each function declaring the size symbols it names."""
+        return declare_symbols(self.render_fn())
 
 
 def function_name(kernel_key: str, sched: CpuSchedule, tag: str = "k") -> str:
@@ -94,7 +99,37 @@ def coalesce(dims: list[int], extents: tuple[int, ...], accesses: list[tuple[int
 
 
 def signature(n: int) -> str:
-    return ", ".join(f"void* p{i}" for i in range(n))
+    """A kernel's parameters: its buffers, then the call's symbol values (`nf_sym[i]` is the
+    size of symbol `si`; unused by kernels of static sizes)."""
+    return ", ".join([f"void* p{i}" for i in range(n)] + ["const int64_t* nf_sym"])
+
+
+_SYMBOL = re.compile(r"\bs(\d+)\b")
+# where the sizes arrive: a kernel's opening line, or a tile epilogue's `nf_sym` from its context
+_OPENING = re.compile(r"^(\s*)((static |NF_KERNEL )?int nf_\w+\(.*const int64_t\* nf_sym\) \{"
+                      r"|const int64_t\* nf_sym = .*;)$")
+
+
+def declare_symbols(text: str) -> str:
+    """Insert `const int64_t s0 = nf_sym[0];` (each symbol the text names, as `Sym.__format__`
+    prints them) at the top of every function that takes `nf_sym`. A generated variable may not
+    be named like a symbol: that raises."""
+    used = sorted({int(m) for m in _SYMBOL.findall(text)})
+    if not used:
+        return text
+    if re.search(r"\b(int64_t|int|long|float|double|auto)\s+s\d+\b", text):
+        raise AssertionError("a generated variable is named like a size symbol (s<digits>)")
+    lines = text.split("\n")
+    out = []
+    for line in lines:
+        out.append(line)
+        m = _OPENING.match(line)
+        if m:
+            pad = m.group(1) + ("  " if line.endswith("{") else "")
+            out.extend(f"{pad}const int64_t s{i} = nf_sym[{i}];" for i in used)
+    if len(out) == len(lines):
+        raise AssertionError("a function names size symbols but takes no nf_sym")
+    return "\n".join(out)
 
 
 def _prologue(code: Code, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype]) -> None:
@@ -402,7 +437,7 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
     # summary leaves: loaded once per row
     for v in leaves:
         if not is_row(v):
-            nm = vals.fresh("s")
+            nm = vals.fresh("sv")
             code(f"const {compute_type(info.leaves[v].dtype)} {nm} = "
                  f"{vals.leaf_expr(v, info.leaves[v], base[leaf_index[v]].name, 0, 'i')};")
             vals.names[v] = nm
@@ -581,14 +616,16 @@ def tile_maps(info: BodyInfo, batch_dims: list[int], row_dims: list[int], col_di
 
 
 def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
-                         batch_dims: list[int], row_dims: list[int], col_dim: int) -> str:
+                         batch_dims: list[int], row_dims: list[int], col_dim: int, n_args: int) -> str:
     """`void name(ctx, batch, c, ldc, row0, col0, rows, cols)`: the epilogue applied to one
     finished GEMM tile while it is in L1. Input 0 (the matmul result) is read from the tile `c`
-    (as float32); ctx holds the kernel's argument pointers (p0 = the C buffer)."""
+    (as float32); ctx holds the kernel's `n_args` argument pointers (p0 = the C buffer), then
+    the sizes (`nf_sym`)."""
     code = Code()
     code.open(f"static void {name}(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows, "
               "long cols)")
     code("void** p = (void**)ctx;")
+    code(f"const int64_t* nf_sym = (const int64_t*)p[{n_args}];")
     for i, dt in enumerate(in_dtypes):
         if i:
             st = storage_type(dt)

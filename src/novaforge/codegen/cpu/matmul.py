@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import OPS, Graph, Kernel, Node, Value
+from ...ir.symbolic import hint, is_symbolic
 from ...ir.types import TensorType, contiguous_strides
 from ...ir.views import Strided, apply_view
 from ...schedule.cpu import CpuSchedule
@@ -218,7 +219,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
                     and st.buf not in written_outs):
                 inplace = st.buf
                 break
-    flops = 2.0 * geo.batch * geo.M * geo.N * geo.K
+    flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
     sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
     desc = (f"gemm|{geo}|packed={packed}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}|inplace={inplace}"
@@ -235,13 +236,17 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         code = Code()
         text = ""
         if tile is not None:
-            text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim)
+            text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args)
         code.open(f"static int {name}({signature(n_args)})")
         if geo.M == 0 or geo.N == 0 or geo.batch == 0:
             code("return 0;")
             code.close()
             return text + code.text()
-        code(f"void* ctx[{n_args}] = {{{', '.join(f'p{i}' for i in range(n_args))}}};")
+        empty = [f"{d} <= 0" for d in (geo.M, geo.N, geo.batch) if is_symbolic(d)]  # known at run time only
+        if empty:
+            code(f"if ({' || '.join(empty)}) return 0;")
+        # the tile epilogue's context: the kernel's arguments, then the sizes
+        code(f"void* ctx[{n_args + 1}] = {{{', '.join(f'p{i}' for i in range(n_args))}, (void*)nf_sym}};")
         bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None else "nullptr"
         tfn = tile_name if tile is not None else "nullptr"
         code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx}};")

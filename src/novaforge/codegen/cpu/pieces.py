@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from ...ir.symbolic import hint
 from ...schedule.cpu import CpuSchedule, KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Leaf, Unsupported
@@ -114,7 +115,7 @@ def plan_pieces(key: str, info: BodyInfo, ins: list[torch.dtype], outs: list[tor
     # separate boxes, each a pointwise loop nest with its own schedule
     parts: list[tuple[BodyInfo, CpuSchedule]] = []
     for bi in infos:
-        frac = bi.numel / max(info.numel, 1)
+        frac = hint(bi.numel) / max(hint(info.numel), 1)
         o, i = pointwise_loops(bi)
         parts.append((bi, configure(KernelShape("pointwise", outer=o, inner=i, flops=flops * frac,
                                                 bytes=nbytes * frac), target)))
@@ -126,7 +127,7 @@ def plan_pieces(key: str, info: BodyInfo, ins: list[torch.dtype], outs: list[tor
         chunks = []
         calls = Code()
         calls.open(f"static int {name}({signature(n_args)})")
-        args = ", ".join(f"p{i}" for i in range(n_args))
+        args = ", ".join([f"p{i}" for i in range(n_args)] + ["nf_sym"])
         for k, (bi, s) in enumerate(parts):
             part = f"{name}_box{k}"
             chunks.append(render_pointwise(part, ins, outs, bi, s))

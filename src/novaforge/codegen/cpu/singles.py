@@ -21,6 +21,7 @@ import math
 import torch
 
 from ...ir import OPS, Kernel, Value
+from ...ir.symbolic import hint
 from ...ir.types import TensorType, contiguous_strides
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
@@ -53,7 +54,7 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
     nidx = math.prod(idx.layout.shape)
     n_args = len(body.inputs) + 1
     itemsize = TensorType((), x.dtype).itemsize
-    nbytes = 2.0 * outer * nidx * inner * itemsize
+    nbytes = 2.0 * hint(outer * nidx * inner) * itemsize
     sched = configure(KernelShape("pointwise", outer=outer * nidx, inner=inner, bytes=nbytes), target)
     name = function_name(kernel.structural_key, sched, "g")
     xa = xs[ax]
@@ -133,7 +134,7 @@ def plan_cat(kernel: Kernel, target: CpuTarget) -> GenKernel:
                                                                                         strict=True)),
                                  out_t.dtype, offset=start * out_strides[ax] if math.prod(shape) else 0))
         outer, inner = pointwise_loops(info)
-        nbytes = 2.0 * math.prod(shape) * out_t.itemsize
+        nbytes = 2.0 * hint(math.prod(shape)) * out_t.itemsize
         sched = configure(KernelShape("pointwise", outer=outer, inner=inner, bytes=nbytes), target)
         parts.append((op.buf, info, sched))
         start += shape[ax]
@@ -149,7 +150,7 @@ def plan_cat(kernel: Kernel, target: CpuTarget) -> GenKernel:
         for i, (buf, info, sched) in enumerate(parts):
             pname = f"{name}_part{i}"
             chunks.append(render_pointwise(pname, [out_t.dtype], [out_t.dtype], info, sched))
-            calls(f"if ((rc = {pname}(p{buf}, p{n_args - 1}))) return rc;")
+            calls(f"if ((rc = {pname}(p{buf}, p{n_args - 1}, nf_sym))) return rc;")
         calls("return 0;")
         calls.close()
         return "".join(chunks) + calls.text()
@@ -167,7 +168,7 @@ def plan_gather(kernel: Kernel, target: CpuTarget) -> GenKernel:
     shape = idx.layout.shape
     numel = math.prod(shape)
     itemsize = TensorType((), x.dtype).itemsize
-    sched = configure(KernelShape("pointwise", outer=1, inner=numel, bytes=3.0 * numel * itemsize), target)
+    sched = configure(KernelShape("pointwise", outer=1, inner=numel, bytes=3.0 * hint(numel) * itemsize), target)
     name = function_name(kernel.structural_key, sched, "g")
     n_args = len(body.inputs) + 1
     st, it = storage_type(x.dtype), storage_type(idx.dtype)
@@ -237,8 +238,8 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
     positions = math.prod(shape[d] for d in others)
     along = shape[ax]
     itemsize = TensorType((), dtype).itemsize
-    sched = configure(KernelShape("pointwise", outer=1, inner=max(positions, out_numel),
-                                  bytes=2.0 * out_numel * itemsize + 3.0 * numel * itemsize), target)
+    sched = configure(KernelShape("pointwise", outer=1, inner=max(hint(positions), hint(out_numel)),
+                                  bytes=(2.0 * hint(out_numel) + 3.0 * hint(numel)) * itemsize), target)
     name = function_name(kernel.structural_key, sched, "s")
     n_args = len(body.inputs) + 1
     st, it = storage_type(dtype), storage_type(idx.dtype)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ..symbolic import hinted, is_symbolic
 from ..types import TensorType, broadcast_shapes, is_float
 
 REQUIRED = object()
@@ -166,7 +167,10 @@ def define(name: str, arity, infer: Infer, impl: Impl | None, attrs=None, flags=
 
 
 def node_flops(op: str, ins: Sequence[TensorType], outs: Sequence[TensorType], attrs) -> float:
-    """Floating-point work of one op (pointwise ops count `flops_per_elem` per output element)."""
+    """Floating-point work of one op (pointwise ops count `flops_per_elem` per output element);
+    symbolic sizes count at their planning hint (ir/symbolic.py `hint`)."""
+    if is_symbolic(ins) or is_symbolic(outs):
+        ins, outs = hinted(list(ins)), hinted(list(outs))
     return OPS[op].cost(ins, outs, attrs)
 
 
