@@ -16,8 +16,11 @@ interpreter with autograd recording. Either way gradients are correct; nothing s
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .ir import Graph
+from .ir.specialize import specialize
 from .ir.types import contiguous_strides
 from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
@@ -83,6 +87,8 @@ class CompiledModule:
         self.options = Options.of(options)  # validated: an unknown option raises here
         self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
         self._programs: dict[tuple, _Entry] = {}
+        self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
+        self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # recent sizes of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
@@ -108,6 +114,8 @@ class CompiledModule:
         entry = self._programs.get(key)
         if entry is None and self.dynamic is None and self.options.tiered:
             self._maybe_automatic_dynamic(key)
+        if entry is None and self.dynamic is not None and self.options.symbolic_programs:
+            entry = self._shared_instance(key, args, kwargs)
         if entry is None and not self.tiering.should_build(key):
             return self._eager_tier(key, args, kwargs)
         if entry is None or not entry.binding.refresh():
@@ -150,6 +158,54 @@ class CompiledModule:
             self.tiering = Tiering(True)
         _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
                           "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
+
+    def _shared_instance(self, key: tuple, args: tuple, kwargs: dict) -> _Entry | None:
+        """The entry of this call's sizes from its structure's shared program (one program for
+        every size of a symbolic capture, built on the structure's first call), or None (no
+        shared program: the call is compiled per size, tiered). Entries of recent sizes are kept."""
+        entry = self._instances.get(key)
+        if entry is not None and entry.binding.refresh():
+            return entry
+        with self._lock:
+            bound = self.dynamic.bound(args, kwargs)
+            if bound is None:
+                return None
+            skey, cap, values = bound
+            shared = self._shared.get(skey)
+            if shared is not None and shared is not False and not shared.binding.refresh():
+                shared = None  # a reassigned or changed frozen parameter: built again
+            if shared is None:
+                shared = self._shared[skey] = self._build_shared(cap, args, kwargs)
+            if shared is False:
+                return None
+            entry = shared.at(values)
+            self._instances[key] = entry
+            while len(self._instances) > SHARED_INSTANCES:
+                self._instances.popitem(last=False)
+            self.dynamic.specializations += 1
+        return entry
+
+    def _build_shared(self, cap: Captured, args: tuple, kwargs: dict) -> _Entry | bool:
+        """The entry of a symbolic capture's one program for all sizes, or False (logged)."""
+        from .codegen.registry import get_backend
+        from .generation import capturing
+
+        chosen = resolve_backend(self.backend, cap.graph)
+        if not getattr(get_backend(chosen), "symbolic_programs", False):
+            return False
+        try:
+            with capturing(), cap.symbols.ranges_context():
+                stats = compile_graph(self.fn, args, kwargs, freeze=self.freeze, backend=self.backend,
+                                      options=self.options, captured=cap)
+        except Exception as e:  # noqa: BLE001 - per-size programs then (each compiles, or reports, on its own)
+            _log_runtime.info("dynamic: no program for all sizes (%s: %s); compiled per size", type(e).__name__,
+                              str(e).splitlines()[0] if str(e) else "")
+            return False
+        self.compilations += 1
+        record_build(stats.times["total_s"])
+        self.last_stats = stats
+        _log_runtime.info("dynamic: one program for %s", cap.symbols.describe())
+        return _Entry(stats, self.fn)
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
         from .generation import capturing
@@ -273,6 +329,15 @@ class _Entry:
         self.compile_only = any(t.device.type == "meta" for t in self.captured.param_refs)
         spec = self.captured.out_spec
         self.out_is_leaf = self.n_out == 1 and spec is not None and spec.is_leaf()
+        self.values: dict | None = None  # symbol values (an entry made by `at`)
+
+    def at(self, values: dict) -> _Entry:
+        """This entry (of a program for symbolic sizes) at one call's sizes: the program
+        instantiated there (`CpuProgram.at`), everything else shared."""
+        entry = copy.copy(self)
+        entry.stats = dataclasses.replace(self.stats, program=self.stats.program.at(values))
+        entry.values = values
+        return entry
 
     def _mutation_targets(self, g: Graph) -> list[tuple[str, int]]:
         pos: dict[Any, tuple[str, int]] = {}
@@ -293,7 +358,12 @@ class _Entry:
         refs = self.binding.refs
         bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.input_binding]
         compiled = not needs_grad and self.stats.program is not None
-        outs = self.stats.program.run(bound) if compiled else interpret(self.stats.graph, bound)
+        if compiled:
+            outs = self.stats.program.run(bound)
+        elif self.values is not None:  # a program for symbolic sizes: the captured graph at these sizes
+            outs = interpret(specialize(self.captured.graph, self.values), bound)
+        else:
+            outs = interpret(self.stats.graph, bound)
         results, new_vals = outs[: self.n_out], outs[self.n_out:]
         if not (compiled and self.outputs_fresh):
             results = list(results)
@@ -335,6 +405,7 @@ def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[t
 
 
 AUTOMATIC_DYNAMIC_AFTER = 2  # programs of one input structure before a new size makes its dims dynamic
+SHARED_INSTANCES = 8  # sizes of shared programs kept instantiated per compiled callable (each holds its arena)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:

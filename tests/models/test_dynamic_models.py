@@ -25,6 +25,8 @@ def test_direct_entry_one_trace_for_every_length(name):
                                        atol=2e-5, rtol=1e-4)
     assert compiled.dynamic.traces == 1, compiled.dynamic.captures
     assert compiled.dynamic.specializations == len(LENGTHS)
+    assert compiled.compilations == 1  # one program for every length
+    assert compiled.stats().program.info["torch"] <= 6  # (transformers' mask helpers: cumsum, index)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -32,13 +34,14 @@ def test_dynamo_dynamic_lowers_once_for_every_length(name):
     torch._dynamo.reset()
     model, vocab = build_inference_model(f"{name}-tiny")
     compiled = torch.compile(model, backend="novaforge", dynamic=True, options={"fallback": "raise", "tiered": False})
-    retraced = dynamo.STATIC_RETRACES[0]
+    retraced, built, shared = dynamo.STATIC_RETRACES[0], dynamo.PROGRAMS_BUILT[0], dynamo.SHARED_PROGRAMS[0]
     with torch.no_grad():
         for seq in LENGTHS:
             ids = input_ids(vocab, 2, seq)
             torch.testing.assert_close(compiled(ids).last_hidden_state, model(ids).last_hidden_state,
                                        atol=2e-5, rtol=1e-4)
     assert dynamo.STATIC_RETRACES[0] == retraced
+    assert dynamo.PROGRAMS_BUILT[0] - built == 1 and dynamo.SHARED_PROGRAMS[0] - shared == 1
 
 
 def test_generate_with_a_dynamic_cache_traces_prefill_and_decode_once():
@@ -54,6 +57,7 @@ def test_generate_with_a_dynamic_cache_traces_prefill_and_decode_once():
     assert torch.equal(got, want)
     assert compiled.dynamic.traces == 2  # the prefill and one decode step, whatever the cache length
     assert compiled.dynamic.specializations == 10
+    assert compiled.compilations == 2  # and one program each
 
 
 def test_dynamo_dynamic_gpt2_keeps_attention_fused():

@@ -1,7 +1,12 @@
 """Tiered execution of dynamic graphs (runtime/tiering.py): a size without a program runs
 eagerly until its eager calls have cost one build, on both entry points; a size seen once
 never builds, a hot size does, and `tiered=False` (or NOVAFORGE_TIERED=0) builds every size
-at once. The build estimate is process-wide, so each test starts it empty."""
+at once. The build estimate is process-wide, so each test starts it empty.
+
+Tiering is the path of graphs compiled per size: `symbolic_programs=False`, a backend without
+programs for a range of sizes, or a graph whose symbolic build failed. By default the CPU
+backend builds one program for every size of a dynamic graph at its first call; tests here
+check both where they differ."""
 
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ def test_rent_reaches_the_estimate_then_builds(monkeypatch):
 def test_direct_entry_sizes_seen_once_run_eagerly_and_a_hot_size_builds(monkeypatch):
     mod = _model()
     monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e9)  # no build pays off
-    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}}, symbolic_programs=False)
     with torch.no_grad():
         for n in (4, 7, 33, 9):
             x = torch.randn(n, 8)
@@ -61,7 +66,7 @@ def test_direct_entry_sizes_seen_once_run_eagerly_and_a_hot_size_builds(monkeypa
     assert f.compilations == 0 and f.tiering.eager_calls == 4 and f.dynamic.traces == 0
 
     monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e-9)  # any eager call pays for a build
-    g = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    g = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}}, symbolic_programs=False)
     with torch.no_grad():
         x = torch.randn(12, 8)
         for _ in range(3):
@@ -94,7 +99,7 @@ def test_dynamo_dynamic_graph_runs_its_aten_graph_until_a_size_pays(monkeypatch)
     torch._dynamo.reset()
     mod = _model()
     monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e9)
-    cf = torch.compile(mod, backend="novaforge", dynamic=True)
+    cf = torch.compile(mod, backend="novaforge", dynamic=True, options={"symbolic_programs": False})
     built, eager = nf_dynamo.PROGRAMS_BUILT[0], nf_dynamo.TIERED_EAGER_CALLS[0]
     with torch.no_grad():
         for n in (3, 5, 9):
@@ -109,12 +114,14 @@ def test_dynamo_dynamic_graph_runs_its_aten_graph_until_a_size_pays(monkeypatch)
     assert nf_dynamo.PROGRAMS_BUILT[0] - built == 1 and nf_dynamo.TIERED_EAGER_CALLS[0] - eager == 4
 
 
-def test_generate_with_the_default_dynamic_cache_builds_no_program_per_token():
+@pytest.mark.parametrize("shared", [True, False])
+def test_generate_with_the_default_dynamic_cache_builds_no_program_per_token(shared):
     """`model.forward = torch.compile(model.forward, backend="novaforge")`, then `generate()`
     with transformers' default DynamicCache: Dynamo makes the decode graph dynamic at the second
-    cache length; every later length is seen once, so it runs in the eager tier instead of
-    building (it built one program per token before: 29 s against eager's 0.3 s for 16 tokens),
-    with the graph's static parts compiled once."""
+    cache length. By default that graph is built once for every cache length (one shared
+    program). With symbolic_programs=False every later length is seen once, so it runs in the
+    eager tier instead of building (it built one program per token before: 29 s against eager's
+    0.3 s for 16 tokens), with the graph's static parts compiled once."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch._dynamo.reset()
@@ -125,13 +132,18 @@ def test_generate_with_the_default_dynamic_cache_builds_no_program_per_token():
         want = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     built, eager, parts = nf_dynamo.PROGRAMS_BUILT[0], nf_dynamo.TIERED_EAGER_CALLS[0], nf_dynamo.STATIC_PARTS[0]
     fallbacks = len(nf_dynamo.FALLBACKS)
-    model.forward = torch.compile(model.forward, backend="novaforge")
+    shared0 = nf_dynamo.SHARED_PROGRAMS[0]
+    model.forward = torch.compile(model.forward, backend="novaforge", options={"symbolic_programs": shared})
     try:
         with torch.no_grad():
             got = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     finally:
         del model.forward
     assert torch.equal(got, want)
+    if shared:  # the prefill and the first decode step (static), then every cache length's program
+        assert nf_dynamo.PROGRAMS_BUILT[0] - built <= 3 and nf_dynamo.SHARED_PROGRAMS[0] - shared0 == 1
+        assert nf_dynamo.TIERED_EAGER_CALLS[0] == eager and len(nf_dynamo.FALLBACKS) == fallbacks
+        return
     assert nf_dynamo.PROGRAMS_BUILT[0] - built <= 2  # the prefill and the first decode step, static
     assert nf_dynamo.TIERED_EAGER_CALLS[0] - eager >= 9
     # the eager tier runs the decode graph's static parts compiled (projections, MLP, LM head),
@@ -140,10 +152,11 @@ def test_generate_with_the_default_dynamic_cache_builds_no_program_per_token():
     assert len(nf_dynamo.FALLBACKS) == fallbacks
 
 
-def test_concurrent_calls_at_new_sizes_are_eager_or_compiled_and_always_right(monkeypatch):
+@pytest.mark.parametrize("shared", [True, False])
+def test_concurrent_calls_at_new_sizes_are_eager_or_compiled_and_always_right(monkeypatch, shared):
     monkeypatch.setattr(tiering, "FIRST_BUILD_S", 1e-9)
     mod = _model()
-    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}})
+    f = novaforge.compile(mod, backend="cpu", dynamic={"input": {0: (2, 256)}}, symbolic_programs=shared)
     xs = [torch.randn(n, 8) for n in (5, 6, 5, 6, 5, 6)]
     with torch.no_grad():
         want = [mod(x) for x in xs]
@@ -163,13 +176,19 @@ def test_concurrent_calls_at_new_sizes_are_eager_or_compiled_and_always_right(mo
     for t in threads:
         t.join()
     assert not errors, errors
-    assert f.compilations == 2  # one program per size, once each size paid
+    assert f.compilations == (1 if shared else 2)  # one program for both sizes, or one per size once it paid
 
 
 def test_direct_entry_without_dynamic_becomes_dynamic_at_a_third_size(monkeypatch):
     monkeypatch.setattr(tiering, "build_estimate", lambda: 1e9)
     mod = _model()
-    f = novaforge.compile(mod, backend="cpu")
+    shared = novaforge.compile(mod, backend="cpu")
+    with torch.no_grad():
+        for n in (4, 7, 9, 12, 30):  # the third size builds one program for every later size
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(shared(x), mod(x), atol=1e-5, rtol=1e-5)
+    assert shared.compilations == 3 and shared.tiering.eager_calls == 0 and shared.dynamic.traces == 1
+    f = novaforge.compile(mod, backend="cpu", symbolic_programs=False)
     with torch.no_grad():
         for n in (4, 7):  # two sizes: two programs, as generate()'s prefill and decode step need
             x = torch.randn(n, 8)
@@ -192,21 +211,23 @@ def test_direct_entry_without_dynamic_becomes_dynamic_at_a_third_size(monkeypatc
     assert g.compilations == 3 and g.dynamic is None
 
 
-def test_compiled_generate_keeps_its_two_programs_with_tiering_on():
+@pytest.mark.parametrize("shared", [True, False])
+def test_compiled_generate_keeps_its_two_programs_with_tiering_on(shared):
     """`novaforge.compile(model).generate()` (a static cache): the prefill and the decode step
     are two input structures (the cache is filled or not), so both compile at once; a second
-    prompt length is a second size of the prefill's structure and compiles too; a third is
-    dynamic and runs in the eager tier. Tokens are eager's throughout."""
+    prompt length is a second size of the prefill's structure and compiles too; a third makes
+    the prompt length dynamic: one program for every later prompt length, or (per-size
+    programs) the eager tier. Tokens are eager's throughout."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256)).eval()
-    compiled = novaforge.compile(model)
-    for prompt, programs in ((8, 2), (5, 3), (6, 3)):
+    compiled = novaforge.compile(model, symbolic_programs=shared)
+    for prompt, programs in ((8, 2), (5, 3), (6, 4 if shared else 3), (7, 4 if shared else 3)):
         ids = torch.randint(0, 500, (1, prompt))
         with torch.no_grad():
             want = model.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)
             got = compiled.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)
         assert torch.equal(got, want)
         assert compiled.compilations == programs
-    assert compiled.tiering.eager_calls == 1  # the third prefill
+    assert compiled.tiering.eager_calls == (0 if shared else 2)  # (the third and fourth prefills)

@@ -9,7 +9,8 @@ specialization of a symbolic graph to concrete sizes.
   as a guard).
 * `SymbolConverter` (active while an FX graph is lowered) turns torch's SymInts into IR dims:
   torch's symbols are renamed s0, s1, ... in order of first appearance, with their hint and
-  range; a data-dependent (unbacked) size is not converted (the caller refuses it).
+  range, torch symbols of one captured size sharing one of ours (duck sizing); a
+  data-dependent (unbacked) size is not converted (the caller refuses it).
 * `specialize(graph, values)` substitutes concrete sizes: the result is an ordinary static
   graph, value for value and node for node.
 
@@ -95,6 +96,7 @@ class SymbolConverter:
     def __init__(self) -> None:
         self.table = SymbolTable()
         self.names: dict[sympy.Symbol, sympy.Symbol] = {}  # torch's symbol -> ours
+        self.by_hint: dict[int, sympy.Symbol] = {}  # our symbol of each captured size
         self.shape_env: Any = None
 
     def dim(self, s: Any) -> int | Sym | None:
@@ -122,11 +124,20 @@ class SymbolConverter:
     def _ours(self, fs: sympy.Symbol, hint: int, env: Any) -> sympy.Symbol:
         ours = self.names.get(fs)
         if ours is None:
-            ours = self.names[fs] = symbol(len(self.names))
             vr = env.var_to_range.get(fs)
             lo = max(2, int(vr.lower)) if vr is not None and vr.lower.is_Integer else 2
-            hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else DEFAULT_MAX
-            self.table.add(ours, hint, lo, min(hi, DEFAULT_MAX))
+            hi = min(int(vr.upper) if vr is not None and vr.upper.is_Integer else DEFAULT_MAX, DEFAULT_MAX)
+            # duck sizing: torch symbols of one size share our symbol (Dynamo gives a KV cache's
+            # keys and values a symbol each, though attention needs them equal); a call where
+            # they differ binds no values and is compiled for its own sizes
+            ours = self.by_hint.get(hint)
+            if ours is None:
+                ours = self.by_hint[hint] = symbol(len(self.by_hint))
+                self.table.add(ours, hint, lo, hi)
+            else:
+                a, b = self.table.ranges[ours]
+                self.table.ranges[ours] = (max(a, lo), min(b, hi))
+            self.names[fs] = ours
         return ours
 
     def finish(self) -> SymbolTable:

@@ -14,10 +14,13 @@ What the compiler sees and how it is handled:
   mode is active. All our compile work (constant folding, lowering constants) happens with
   that mode switched off, so `get_attr` / lifted constants stay real tensors bound at run time.
 * A graph with static example inputs compiles at once. A graph Dynamo made dynamic (SymInt
-  inputs or symbolic sizes) is lowered once with symbolic sizes and specialized per concrete
-  input signature (tensor shapes, dtypes and the integer arguments), since the code generators
-  specialize on shapes; a new signature runs as Dynamo's ATen graph (eager) until its calls
-  have cost one build (`runtime/tiering.py`; `options={"tiered": False}` builds at once).
+  inputs or symbolic sizes) is lowered once with symbolic sizes and, on a backend that builds
+  programs for a range of sizes (the CPU backend), built once at its first call: every size
+  the symbol table admits then runs that program (`CpuProgram.at`, no build per size). Where
+  that build fails, or on a backend that specializes on shapes, the lowering is specialized
+  per concrete input signature (tensor shapes, dtypes and the integer arguments); a new
+  signature then runs as Dynamo's ATen graph (eager) until its calls have cost one build
+  (`runtime/tiering.py`; `options={"tiered": False}` builds at once).
 * Outputs that are not tensors computed by the graph (constants, SymInts that become Python
   numbers after specialization) are re-inserted at run time.
 * Anything novaforge cannot compile (an unsupported op or dtype, a data-dependent shape, a
@@ -34,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +72,9 @@ SYMBOLIC_LOWERINGS = [0]  # dynamic graphs lowered once with symbolic sizes
 STATIC_RETRACES = [0]  # programs of dynamic graphs built from a static re-trace instead
 TIERED_EAGER_CALLS = [0]  # calls of dynamic graphs run eagerly while their signature had no program yet
 STATIC_PARTS = [0]  # static parts of dynamic graphs compiled for their eager tier (frontend/static_parts.py)
+SHARED_PROGRAMS = [0]  # dynamic graphs built once for all their sizes (one program for a range)
+SHARED_INSTANCES_MADE = [0]  # sizes a shared program was instantiated at (CpuProgram.at: no build)
+SHARED_INSTANCES = 8  # sizes of one shared program kept instantiated (each holds its arena)
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 
@@ -131,6 +138,8 @@ class _AtenGraphProgram:
             raise ValueError(f"option fallback must be one of {FALLBACK_MODES}, got {self.fallback_mode!r}")
         self.programs: dict[tuple, Any] = {}
         self.symbolic: Any = None  # the graph lowered once with symbolic sizes (dynamic graphs), or why not
+        self.shared: Any = None if self.options.symbolic_programs else False  # one program for every size
+        self.instances: OrderedDict[tuple, _Runner] = OrderedDict()  # recent sizes of the shared program
         self.parts: Any = None  # dynamic graphs: the graph with its static parts compiled, or False (none)
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
@@ -208,6 +217,8 @@ class _AtenGraphProgram:
     def __call__(self, *args: Any) -> list[Any]:
         key = _signature(args)
         runner = self.programs.get(key)
+        if runner is None and self.shared is not False:
+            runner = self._shared_runner(args)
         if runner is None:
             if not self.tiering.should_build(key):
                 if key not in self.tiering.rent:
@@ -296,25 +307,91 @@ class _AtenGraphProgram:
         return self._build_or_fallback(static)
 
 
-    def _specialized_lowering(self, args: Sequence[Any]) -> Any:
-        """The symbolic lowering specialized at the sizes of `args`, or None (logged once: the
-        graph could not be lowered symbolically; or these sizes fall outside its table)."""
-        from ..ir.symbolic import bind_symbols
-        from .dynamic import specialize
+    def _shared_runner(self, args: Sequence[Any]) -> _Runner | None:
+        """The shared program (built for the graph's symbolic sizes, once) at the sizes of
+        `args`, or None: no shared program (it could not be built: logged once), or sizes its
+        symbol table does not admit. Runners of the most recent sizes are kept."""
+        key = _signature(args)
+        runner = self.instances.get(key)
+        if runner is not None:
+            self.instances.move_to_end(key)
+            return runner
+        with self._lock:
+            if self.shared is None:
+                self.shared = self._build_shared()
+            if self.shared is False:
+                return None
+            lowered = self._symbol_values(args)
+            if lowered is None:
+                return None
+            values, consts = lowered
+            program, graph, specs, n_out = self.shared
+            tensor_pos = [i for i, s in enumerate(specs) if s.kind == "user"]
+            runner = _Runner(program.at(values), graph, consts, n_out, tensor_pos, values)
+            self.instances[key] = runner
+            while len(self.instances) > SHARED_INSTANCES:
+                self.instances.popitem(last=False)
+            with _FALLBACK_LOCK:
+                SHARED_INSTANCES_MADE[0] += 1
+        return runner
+
+    def _build_shared(self) -> Any:
+        """(program, symbolic graph, input specs, number of outputs) for every size the symbolic
+        lowering admits, or False (logged: the graph is then compiled per size, as before)."""
+        from ..api import CompileStats, resolve_backend
+        from ..codegen.registry import get_backend
+        from ..passes.pipeline import run_pipeline
+        from .capture import Captured
 
         if self.symbolic is None:
-            try:
-                with _no_fake_mode():
-                    self.symbolic = self._lower(self.gm, symbolic=True)
-                with _FALLBACK_LOCK:
-                    SYMBOLIC_LOWERINGS[0] += 1
-                log.info("dynamic graph lowered once with %s", self.symbolic[5].describe())
-            except Exception as e:  # noqa: BLE001 - the static re-trace handles (and reports) it
-                self.symbolic = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                log.info("dynamic graph re-traced per signature (no symbolic lowering: %s)", self.symbolic[:300])
+            self._lower_symbolic()
         if isinstance(self.symbolic, str):
-            return None
-        graph, ctx, specs, out_args, constants, table, sizes = self.symbolic
+            return False
+        graph, ctx, specs, out_args, _, table, _ = self.symbolic
+        backend = resolve_backend(self.options.backend, graph)
+        be = get_backend(backend)
+        if not getattr(be, "symbolic_programs", False):
+            log.info("dynamic graph: the %s backend builds per size", backend)
+            return False
+        opts = self.options.replace(backend=backend)
+        t0 = time.perf_counter()
+        try:
+            with _no_fake_mode(), table.ranges_context():
+                optimized, records = run_pipeline(graph, options=opts, target=be.target(), backend=be)
+                program = be.build(optimized, opts)
+        except Exception as e:  # noqa: BLE001 - per-size programs then (the graph may still compile statically)
+            if self.fallback_mode == "raise":
+                raise
+            log.info("dynamic graph (%s): no program for all sizes (%s: %s); compiled per size",
+                     _describe_graph(self.gm), type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return False
+        record_build(time.perf_counter() - t0)
+        with _FALLBACK_LOCK:
+            PROGRAMS_BUILT[0] += 1
+            SHARED_PROGRAMS[0] += 1
+        captured = Captured(graph, None, [], graph.meta["aten_ops"], ctx.externs)
+        self.stats.append(CompileStats(captured, optimized, records, {}, backend, program))
+        log.info("dynamic graph (%s): one program for %s (%.2f s)", _describe_graph(self.gm), table.describe(),
+                 time.perf_counter() - t0)
+        return program, graph, specs, len(out_args)
+
+    def _lower_symbolic(self) -> None:
+        try:
+            with _no_fake_mode():
+                self.symbolic = self._lower(self.gm, symbolic=True)
+            with _FALLBACK_LOCK:
+                SYMBOLIC_LOWERINGS[0] += 1
+            log.info("dynamic graph lowered once with %s", self.symbolic[5].describe())
+        except Exception as e:  # noqa: BLE001 - the static re-trace handles (and reports) it
+            self.symbolic = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            log.info("dynamic graph re-traced per signature (no symbolic lowering: %s)", self.symbolic[:900])
+
+    def _symbol_values(self, args: Sequence[Any]) -> tuple[dict, dict] | None:
+        """(symbol values, constant outputs) of a call of the symbolic lowering, or None when
+        its sizes do not fit the lowering's table."""
+        from ..ir.symbolic import bind_symbols
+
+        graph, _, specs, _, constants, table, sizes = self.symbolic
         pattern = []
         it = iter(graph.user_inputs)
         for a, spec, size in zip(args, specs, sizes, strict=True):
@@ -328,7 +405,22 @@ class _AtenGraphProgram:
         values = bind_symbols(pattern)
         if isinstance(values, str) or table.admits(values) is not None:
             return None
-        consts = {i: (c.subs(values) if isinstance(c, Sym) else c) for i, c in constants.items()}
+        return values, {i: (c.subs(values) if isinstance(c, Sym) else c) for i, c in constants.items()}
+
+    def _specialized_lowering(self, args: Sequence[Any]) -> Any:
+        """The symbolic lowering specialized at the sizes of `args`, or None (logged once: the
+        graph could not be lowered symbolically; or these sizes fall outside its table)."""
+        from .dynamic import specialize
+
+        if self.symbolic is None:
+            self._lower_symbolic()
+        if isinstance(self.symbolic, str):
+            return None
+        bound = self._symbol_values(args)
+        if bound is None:
+            return None
+        values, consts = bound
+        graph, ctx, specs, out_args, _, _, sizes = self.symbolic
         return specialize(graph, values), ctx, specs, out_args, consts, None, sizes
 
 
@@ -363,22 +455,26 @@ def _constant_output(a: Any) -> Any:
 
 
 class _Runner:
-    """Runs one static program; re-inserts outputs that tracing turned into constants."""
+    """Runs one program (static, or a shared program at one call's sizes: `values`); re-inserts
+    outputs that tracing turned into constants."""
 
     def __init__(self, program: Any, graph: Any, constants: dict[int, Any], n_out: int,
-                 tensor_pos: list[int]) -> None:
+                 tensor_pos: list[int], values: dict | None = None) -> None:
         self.program = program
-        self.graph = graph
+        self.graph = graph  # (symbolic with `values`: the lowered graph, specialized where interpreted)
         self.constants = constants
         self.n_out = n_out
         self.tensor_pos = tensor_pos
+        self.values = values
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         from ..runtime.interpret import interpret
 
         tensors = [args[i] for i in self.tensor_pos]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            outs = interpret(self.graph, tensors)
+            from ..ir.specialize import specialize
+
+            outs = interpret(specialize(self.graph, self.values) if self.values else self.graph, tensors)
         else:
             outs = self.program.run(tensors)
             if getattr(self.program, "outputs_fresh", False):

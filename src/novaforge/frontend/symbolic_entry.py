@@ -86,7 +86,9 @@ class SymbolicCaptures:
         with contextlib.suppress(OutsideRange):
             dynamic_dims(self._by_index(args, kwargs, len(tensors)), tensors)
 
-    def specialized(self, args: tuple, kwargs: dict) -> Captured | None:
+    def bound(self, args: tuple, kwargs: dict) -> tuple[Any, Captured, dict] | None:
+        """(structure key, symbolic capture, symbol values) of a call, tracing its structure on
+        first sight; None when the call is compiled for its own sizes (see the module docstring)."""
         flat = pytrees.flatten((tuple(args), dict(kwargs)))
         tensors = list(flat.leaves)
         try:
@@ -107,6 +109,13 @@ class SymbolicCaptures:
         if isinstance(values, str):
             _log.info("dynamic: this call is compiled for its own sizes: %s", values)
             return None
+        return key, cap, values
+
+    def specialized(self, args: tuple, kwargs: dict) -> Captured | None:
+        bound = self.bound(args, kwargs)
+        if bound is None:
+            return None
+        _, cap, values = bound
         t0 = time.perf_counter()
         graph = specialize(cap.graph, values)
         self.specializations += 1

@@ -82,11 +82,12 @@ def _positive(expr: sympy.Expr, what: str, strict: bool) -> bool:
     expr = sympy.expand(expr)
     if expr.is_Integer:
         return int(expr) > 0 if strict else int(expr) >= 0
-    lo, hi = _bounds(expr)
-    if (lo > 0) if strict else (lo >= 0):
-        return True
-    if (hi <= 0) if strict else (hi < 0):
-        return False
+    for form in (expr, sympy.factor(expr)):  # (interval bounds of s0*s1 - s1 are loose; of s1*(s0 - 1), tight)
+        lo, hi = _bounds(form)
+        if (lo > 0) if strict else (lo >= 0):
+            return True
+        if (hi <= 0) if strict else (hi < 0):
+            return False
     raise SymbolicDecision(f"{what} depends on the sizes ({expr} ranges over [{lo}, {hi}])")
 
 
@@ -200,13 +201,17 @@ class Sym:
         return c_expr(self.expr)
 
     def subs(self, values: Mapping[sympy.Symbol, int]) -> int | Sym:
-        return as_dim(self.expr.subs(values))
+        try:  # the common case, every symbol has a value: a compiled evaluator
+            return evaluator(self.expr)(values)
+        except KeyError:
+            return as_dim(self.expr.subs(values))
 
 
 def c_expr(expr: sympy.Expr) -> str:
     """A size expression as C++ over int64_t symbol variables named as the symbols (`s0`).
-    Integer polynomials print as themselves; floor and ceiling of a quotient, Mod, Max and Min
-    through nf_cpu.h's integer helpers. Anything else raises SymbolicDecision."""
+    Integer polynomials print as themselves, parenthesized unless a lone symbol or number (they
+    are interpolated into larger expressions); floor and ceiling of a quotient, Mod, Max and
+    Min through nf_cpu.h's integer helpers. Anything else raises SymbolicDecision."""
     if expr.is_Integer:
         return str(int(expr))
     if expr.is_Symbol:
@@ -223,7 +228,8 @@ def c_expr(expr: sympy.Expr) -> str:
             raise SymbolicDecision(f"size {expr} is not an integer expression")
         factors = [c_expr(f) for f in sympy.Mul.make_args(rest)]
         prod = "*".join(factors)
-        return prod if coeff == 1 else (f"-{prod}" if coeff == -1 else f"{int(coeff)}*{prod}")
+        # parenthesized: interpolated after `/` or `%`, `t / 2*s0` would be (t / 2) * s0
+        return f"({prod})" if coeff == 1 else (f"(-{prod})" if coeff == -1 else f"({int(coeff)}*{prod})")
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         base = c_expr(expr.base)
         return "(" + "*".join([base] * int(expr.exp)) + ")"
@@ -243,6 +249,55 @@ def c_expr(expr: sympy.Expr) -> str:
     raise SymbolicDecision(f"size {expr} has no C++ form")
 
 
+_EVALUATORS: dict[sympy.Expr, Any] = {}
+
+
+def evaluator(expr: sympy.Expr) -> Any:
+    """A compiled function {symbol: int} -> int for a size expression (sympy's `subs` costs
+    tens of microseconds; a program for a range of sizes evaluates hundreds per new size)."""
+    fn = _EVALUATORS.get(expr)
+    if fn is None:
+        names = sorted(str(s) for s in expr.free_symbols)
+        code = py_expr(expr)
+        body = eval(f"lambda {', '.join(names)}: {code}", {"max": max, "min": min})  # noqa: S307 - our own text
+        syms = [sympy.Symbol(n, integer=True, positive=True) for n in names]
+
+        def fn(values: Mapping[sympy.Symbol, int], body: Any = body, syms: list = syms) -> int:
+            return int(body(*[int(values[s]) for s in syms]))
+
+        if len(_EVALUATORS) > 65536:
+            _EVALUATORS.clear()
+        _EVALUATORS[expr] = fn
+    return fn
+
+
+def py_expr(expr: sympy.Expr) -> str:
+    """A size expression as exact integer Python (`//` and `%` for floor and Mod)."""
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(py_expr(t) for t in sympy.Add.make_args(expr)) + ")"
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise SymbolicDecision(f"size {expr} is not an integer expression")
+        return "(" + "*".join([str(int(coeff))] + [py_expr(f) for f in sympy.Mul.make_args(rest)]) + ")"
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        return f"({py_expr(expr.base)}**{int(expr.exp)})"
+    if isinstance(expr, sympy.floor | sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        if isinstance(expr, sympy.ceiling):
+            return f"(-((-{py_expr(num)}) // {py_expr(den)}))"
+        return f"({py_expr(num)} // {py_expr(den)})"
+    if isinstance(expr, sympy.Mod):
+        return f"({py_expr(expr.args[0])} % {py_expr(expr.args[1])})"
+    if isinstance(expr, sympy.Max | sympy.Min):
+        return ("max(" if isinstance(expr, sympy.Max) else "min(") + ", ".join(py_expr(a) for a in expr.args) + ")"
+    raise SymbolicDecision(f"size {expr} has no integer form")
+
+
 def hint(x: Any) -> int:
     """A size for a performance decision (threads, blocking, tile sizes): an int as it is; a Sym
     at the hints of the open `using_ranges` context. Never for a decision that correctness
@@ -256,6 +311,16 @@ def hint(x: Any) -> int:
     if not value.is_number:
         raise SymbolicDecision(f"no planning size for {sorted(map(str, value.free_symbols))} in {x}")
     return int(value)
+
+
+def context_signature() -> str:
+    """The open context's ranges and planning hints as text ("" when none is open): code
+    planned for symbolic sizes depends on them (a stack buffer bounded by a range, a schedule
+    chosen at a hint), so every key of such code includes this."""
+    ranges = getattr(_RANGES, "value", None) or {}
+    hints = getattr(_HINTS, "value", None) or {}
+    items = sorted(ranges.items(), key=lambda kv: str(kv[0]))
+    return ";".join(f"{s}[{lo},{hi}]@{hints.get(s)}" for s, (lo, hi) in items)
 
 
 def hinted(x: Any) -> Any:
@@ -297,7 +362,7 @@ def is_symbolic(x: Any) -> bool:
         return True
     if isinstance(x, list | tuple):
         return any(is_symbolic(e) for e in x)
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):  # (a node's Attrs too)
         return any(is_symbolic(e) for e in x.values())
     shape = getattr(x, "shape", None)
     return isinstance(shape, tuple) and any(isinstance(d, Sym) for d in shape)

@@ -152,12 +152,49 @@ def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
 @dataclass
 class SymbolicLayout:
     """What a program for a range of sizes fixes per call size (see `CpuProgram.at`): the memory
-    plan (offsets placed per size), the value of each arena slot, and the scratch slots."""
+    plan (offsets placed per size), the value of each arena slot, and the scratch slots.
+
+    Offsets are placed per *bucket* of sizes (each symbol rounded up to a quarter octave:
+    ..., 512, 640, 768, ...) and shared by every size in it: a buffer's size grows with the
+    symbols, so a placement without overlaps at the bucket's top has none below it (checked
+    per size; a size where it fails gets its own placement). The sizes of one bucket share its
+    arena and its lock (one call at a time uses the arena)."""
 
     plan: Any  # passes.plan_memory.MemoryPlan with symbolic sizes
     arena_values: dict[int, Any]  # arena slot -> the IR value its offset is planned for
     scratch: list[int]  # scratch slots (at the arena's end, sized by the largest)
     symbols: list[Any]  # the graph's size symbols (sympy), s0, s1, ... in index order
+    buckets: dict[tuple, _Bucket] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bucket_for(self, values: Mapping[Any, int]) -> _Bucket:
+        key = tuple(bucket_size(int(values[s])) for s in self.symbols)
+        with self.lock:
+            b = self.buckets.get(key)
+            if b is None:
+                top = dict(zip(self.symbols, key, strict=True))
+                b = self.buckets[key] = _Bucket(self.plan.at(top))
+            if len(self.buckets) > 64:  # (a long-running server: forget the oldest)
+                self.buckets.pop(next(iter(self.buckets)))
+        sizes = b.plan.sizes
+        if any(substitute(n, values) > sizes[v] for v, n in self.plan.sizes.items()):
+            return _Bucket(self.plan.at(values))  # a buffer that shrinks as the sizes grow: its own plan
+        return b
+
+
+@dataclass
+class _Bucket:
+    plan: Any  # the memory plan placed at the bucket's top sizes
+    arena: torch.Tensor | None = None  # allocated by the first call of a size in the bucket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def bucket_size(n: int) -> int:
+    """`n` rounded up to a quarter octave (16 for n <= 16): 17 -> 20, 100 -> 112, 513 -> 640."""
+    if n <= 16:
+        return 16
+    step = (1 << (n.bit_length() - 1)) // 4
+    return -(-n // step) * step
 
 
 class CpuProgram:
@@ -194,6 +231,7 @@ class CpuProgram:
         # (runtime/check_numerics.py checks every kernel this way)
         self.observer: Callable[[list[Callable[[], None]], list], None] | None = None
         self.symbolic: SymbolicLayout | None = None  # a program for a range of sizes (`at`)
+        self._bucket: _Bucket | None = None  # (a program made by `at`: its bucket's arena and lock)
         self.sizes: dict[Any, int] = {}  # the symbol values of a program made by `at`
 
     def at(self, values: Mapping[Any, int]) -> CpuProgram:
@@ -204,7 +242,8 @@ class CpuProgram:
         sym = self.symbolic
         if sym is None:
             raise ValueError("at(): this program was built for static sizes")
-        plan = sym.plan.at(values)
+        bucket = sym.bucket_for(values)
+        plan = bucket.plan
         slots = [dataclasses.replace(spec, type=substitute(spec.type, values)) for spec in self.slots]
         for s, v in sym.arena_values.items():
             slots[s].index = plan.offsets[v]
@@ -216,6 +255,8 @@ class CpuProgram:
         steps = [_step_at(st, values) for st in self.steps]
         outputs = [dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views)) for o in self.outputs]
         prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena + scratch, self.info)
+        prog._bucket = bucket
+        prog._lock = bucket.lock
         prog.sizes = {s: int(values[s]) for s in sym.symbols}
         prog._sizes = (ctypes.c_int64 * max(len(sym.symbols), 1))(*[prog.sizes[s] for s in sym.symbols])
         for attr in ("schedules", "kernel_slots"):
@@ -226,7 +267,13 @@ class CpuProgram:
     def _materialize(self) -> None:
         """Allocate the arena and bind fixed slots (at the first call: a build may run under a
         fake-tensor mode, e.g. inside torch.compile, where no real memory can be allocated)."""
-        self.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
+        bucket = self._bucket
+        if bucket is None:
+            self.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
+        else:  # the sizes of one bucket share an arena (grown to the largest scratch seen)
+            if bucket.arena is None or bucket.arena.numel() < self._arena_bytes:
+                bucket.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
+            self.arena = bucket.arena
         base = self.arena.data_ptr()
         for s, spec in enumerate(self.slots):
             if spec.kind == "const":

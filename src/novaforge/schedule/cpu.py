@@ -117,7 +117,7 @@ def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
         threads = 1 if _cache_bound(shape, target) else _threads_for(est, shape.outer, target)
         row_cache = 0
         if order == "row" and shape.expensive_cross_pass and 0 < shape.reduce * 4 <= target.l1d_bytes // 2:
-            row_cache = shape.reduce
+            row_cache = shape.reduce  # (a symbolic row: its hint; the renderer caches only rows it bounds)
         return CpuSchedule("reduction", threads=threads, vector=vec, order=order, row_cache=row_cache)
     # pointwise (and epilogues)
     block = 0

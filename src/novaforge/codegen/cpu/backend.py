@@ -30,7 +30,7 @@ import torch
 from ... import logs
 from ...cache.store import cache_key, library_cache
 from ...ir import OPS, Graph, Kernel, Value
-from ...ir.symbolic import graph_symbols, hint
+from ...ir.symbolic import SymbolicDecision, context_signature, graph_symbols, hint, is_symbolic
 from ...ir.types import TensorType
 from ...ir.views import view_roots
 from ...options import Options
@@ -59,6 +59,7 @@ class CpuBackend:
     """C++/OpenMP code generation for CPU graphs (`backend='cpu'`)."""
 
     name = "cpu"
+    symbolic_programs = True  # builds one program for a range of sizes (a graph with symbolic sizes)
 
     def __init__(self) -> None:
         self._plans: dict[str, KernelPlan] = {}
@@ -70,7 +71,8 @@ class CpuBackend:
     def plan(self, kernel: Kernel, target: CpuTarget | None = None,
              const_bufs: frozenset[int] = frozenset(), written_outs: frozenset[int] = frozenset()) -> KernelPlan:
         target = target or self.target()
-        key = f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}|{sorted(written_outs)}"
+        key = (f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}|{sorted(written_outs)}"
+               f"|{context_signature()}")
         p = self._plans.get(key)
         if p is None:
             if len(self._plans) > 4096:  # a long-running process compiling many graphs
@@ -95,6 +97,8 @@ class CpuBackend:
         form the analysis accepted but the C++ renderer cannot express) runs through torch:
         the build is redone without it, so such a kernel never fails the compile."""
         options = Options.of(options)
+        if is_symbolic([gi.value.type for gi in graph.inputs]) and not context_signature():
+            raise ValueError("a graph with symbolic sizes is built inside its symbol table's ranges_context()")
         for _ in range(8):
             try:
                 return self._build(graph, options)
@@ -224,9 +228,9 @@ class CpuBackend:
                 "profile": profile,
                 "target": target.describe()}
         program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
-        if layout.plan.symbolic:
-            program.symbolic = SymbolicLayout(layout.plan, layout.arena_values, layout.scratch_slots,
-                                              graph_symbols(graph))
+        symbols = graph_symbols(graph)
+        if symbols:
+            program.symbolic = SymbolicLayout(layout.plan, layout.arena_values, layout.scratch_slots, symbols)
         program.schedules = schedules
         program.kernel_slots = kernel_slots
         if per_kernel:
@@ -251,7 +255,7 @@ class CpuBackend:
             link = gemm.link_args()
             gemm_key = gemm.build.build_key()
         key = cache_key(self.hash(), target.key(), compiler_version(cxx), " ".join(compile_flags(target)),
-                        gemm_key, "\n".join(sorted(g.key for g in gens.values())), glue)
+                        gemm_key, "\n".join(sorted(g.key for g in gens.values())), glue, context_signature())
         seg_names = [s for s, _ in segments]
 
         def verify(lib: ctypes.CDLL) -> bool:
@@ -311,7 +315,7 @@ def _translation_units(gens: dict[str, GenKernel], target: CpuTarget, uses_gemm:
     for fn in sorted(gens):
         try:
             rendered.append(gens[fn].render())
-        except Unsupported as e:
+        except (Unsupported, SymbolicDecision) as e:  # (a choice the sizes' ranges do not settle)
             raise _Unrenderable(fn, str(e)) from e
     n_units = max(1, min(target.threads, len(rendered) // 4 or 1))
     prelude = PRELUDE + ('#include "nf_gemm.h"\n' if uses_gemm else "")

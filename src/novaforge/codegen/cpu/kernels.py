@@ -113,7 +113,7 @@ def plan_loops(key: str, body: Graph, kind: str, target: CpuTarget, space=None, 
                 raise Unsupported("max/min over an empty axis (torch raises)")
         rows, inner, red, inner_reduced = reduction_loops(info)
         lane = lane_dim(info)
-        if lane is not None and info.space[lane] < target.vector_floats:
+        if lane is not None and hint(info.space[lane]) < target.vector_floats:
             inner_reduced = True  # too few neighbouring rows to fill a vector: row order
         n_red = sum(1 for n in info.computed if OPS[n.op].has("reduction"))
         expensive = any(OPS[n.op].transcendental for n in info.computed) and n_red > 1

@@ -29,6 +29,7 @@ import torch
 
 from ...ir import OPS, Graph, Node, Value
 from ...ir.ops import extreme
+from ...ir.symbolic import Sym, provably
 from ...schedule.cpu import CpuSchedule
 from .analysis import BodyInfo, Leaf, Unsupported
 from .cexpr import FLOATS, compute_type, literal, load_expr, op_expr, storage_type, store_expr
@@ -308,7 +309,8 @@ def render_pointwise(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
     inner_n, inner_st = dims[-1]
     outer = dims[:-1]
     outer_count = math.prod(d[0] for d in outer)
-    block = sched.block if 0 < sched.block < inner_n else 0
+    # a block shorter than the loop splits it; with a symbolic loop, blocks are correct at any size
+    block = sched.block if sched.block > 0 and (isinstance(inner_n, Sym) or sched.block < inner_n) else 0
     nblocks = -(-inner_n // block) if block else 1
     acc_objs = [Access(a[0], a[1], a[2]) for a in accesses]
     total = outer_count * nblocks
@@ -460,8 +462,8 @@ def render_reduction(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[t
                     progress = True
 
     cache = _choose_row_cache(info, reductions, sched, rdims)
-    if cache is not None:
-        code(f"alignas(64) float rc[{rdims[0][0]}];")
+    if cache is not None:  # (a symbolic row: a buffer for the longest row of the range)
+        code(f"alignas(64) float rc[{rdims[0][0] if isinstance(rdims[0][0], int) else sched.row_cache}];")
     emit_summaries()
     for ready in reduction_waves(info, reductions, is_row, emitted):
         row_red = [r for r in ready if is_row(r.inputs[0])]
@@ -518,7 +520,7 @@ def _choose_row_cache(info: BodyInfo, reductions: list[Node], sched: CpuSchedule
     """The row value to keep across passes: a float row value with a transcendental in its cone
     that two or more passes read (softmax's exp(x - max)); only when the schedule allots a row
     buffer and the reduced dims form one loop."""
-    if not sched.row_cache or len(rdims) != 1 or rdims[0][0] > sched.row_cache:
+    if not sched.row_cache or len(rdims) != 1 or not provably(lambda: rdims[0][0] <= sched.row_cache):
         return None
     is_row = info.is_row
     pass_roots = [[r.inputs[0]] for r in reductions if is_row(r.inputs[0])]
