@@ -15,6 +15,7 @@ import torch
 import novaforge
 from novaforge import cli
 from novaforge.bench.workloads import build_inference_model, input_ids
+from novaforge.passes.pipeline import default_pipeline
 from novaforge.report import html_report
 from novaforge.report.metrics import kernel_rows
 from novaforge.report.plots import memory_timeline
@@ -67,7 +68,7 @@ def test_page_holds_every_section(reports, name):
         assert f'<section id="{ident}">' in html, ident
     # passes: one row each, each linked to its IR, which carries the provenance line
     prows = _rows(html, "pass-table")
-    assert len(prows) == len(stats.records) == 12
+    assert len(prows) == len(stats.records) == len(default_pipeline())
     for i, r in enumerate(stats.records, start=1):
         assert f'href="#ir-{i}"' in prows[i - 1] and f">{r.name}<" in prows[i - 1]
         assert f'<details id="ir-{i}">' in html

@@ -132,23 +132,27 @@ class Node:
         return f"{outs} = {self.op}({ins}{', ' if ins and self.attrs else ''}{self.attrs!r})"
 
 
-INPUT_KINDS = ("user", "param", "buffer", "const")
+INPUT_KINDS = ("user", "param", "buffer", "const", "size")
 
 
 @dataclass(frozen=True)
 class GraphInput:
     """A graph input. `const` inputs carry their tensor (frozen parameters, folded constants);
     `param`/`buffer` inputs are bound from the module at each call; `user` inputs are the
-    call's arguments in order."""
+    call's arguments in order; `size` inputs (graphs with symbolic sizes only) are values that
+    depend on the sizes alone, computed once per size by their `recipe` (a graph without
+    user inputs, passes/hoist_size_only.py)."""
 
     value: Value
     kind: str
     name: str
     tensor: torch.Tensor | None = field(default=None, compare=False)
+    recipe: Graph | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         assert self.kind in INPUT_KINDS, self.kind
         assert (self.kind == "const") == (self.tensor is not None) or self.kind != "const"
+        assert (self.kind == "size") == (self.recipe is not None)
 
 
 class GraphMeta(MutableMapping):

@@ -22,7 +22,7 @@ def dce(graph: Graph, ctx: PassContext | None = None) -> Graph:
             live.update(n.inputs)
     keep.reverse()
     removed = len(graph.nodes) - len(keep)
-    inputs = [gi for gi in graph.inputs if gi.kind != "const" or gi.value in live
+    inputs = [gi for gi in graph.inputs if gi.kind not in ("const", "size") or gi.value in live
               or not ctx.take_fuel(lambda gi=gi: f"dce: dropped constant {gi.name or gi.value}")]
     ctx.count("nodes_removed", removed)
     ctx.count("consts_dropped", len(graph.inputs) - len(inputs))

@@ -65,6 +65,7 @@ def _count_values(g: Graph) -> int:
 def graph_passes() -> list[tuple[str, Pass]]:
     """The graph-level passes, in order (before fusion)."""
     from .fuse_attention import fuse_attention
+    from .hoist_size_only import hoist_size_only
 
     return [
         ("dce", dce),
@@ -74,6 +75,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
         ("layout", layout),
         ("cse", cse),
         ("fuse_attention", fuse_attention),
+        ("hoist_size_only", hoist_size_only),  # (symbolic graphs only)
         ("dce", dce),
     ]
 

@@ -37,7 +37,7 @@ import torch
 from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
 from ..ir.graph import Attrs
-from ..ir.specialize import specialize
+from ..ir.specialize import evaluate_recipe, specialize
 from ..ir.symbolic import is_symbolic, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
@@ -51,6 +51,7 @@ class KernelIndexError(IndexError):
 
 class SlotKind(StrEnum):
     CONST = "const"
+    SIZED = "sized"  # a value of the sizes alone: its recipe is evaluated once per size (`at`)
     INPUT = "input"
     ARENA = "arena"
     FRESH = "fresh"
@@ -76,8 +77,10 @@ class SlotSpec:
     kind: SlotKind
     type: TensorType
     index: int = 0  # input position | arena/scratch byte offset | fresh output position
-    tensor: torch.Tensor | None = None  # const
+    tensor: torch.Tensor | None = None  # const; sized, once `at` evaluated it
     written: bool = False  # input: a kernel writes the input's new value into its buffer
+    recipe: Graph | None = None  # sized: the graph computing it from the sizes
+    causal: bool = False  # sized: read only as flash-attention masks; null (causal) where it is the triangle
 
     def __post_init__(self) -> None:
         self.kind = SlotKind(self.kind)
@@ -127,6 +130,15 @@ class OutputSpec:
 
     def __post_init__(self) -> None:
         self.kind = OutputKind(self.kind)
+
+
+def _is_causal_triangle(mask: torch.Tensor) -> bool:
+    """Is a boolean mask [..., L, S] exactly the top-left lower triangle (key j <= query i) in
+    every leading position (attention's `causal`)?"""
+    if mask.dtype != torch.bool or mask.dim() < 2:
+        return False
+    tri = torch.ones(mask.shape[-2:], dtype=torch.bool).tril()
+    return bool((mask == tri).all())
 
 
 def _node_at(n: Node, values: Mapping[Any, int]) -> Node:
@@ -245,6 +257,11 @@ class CpuProgram:
         bucket = sym.bucket_for(values)
         plan = bucket.plan
         slots = [dataclasses.replace(spec, type=substitute(spec.type, values)) for spec in self.slots]
+        for spec in slots:
+            if spec.kind == "sized":
+                spec.tensor = evaluate_recipe(spec.recipe, values)
+                if spec.causal and _is_causal_triangle(spec.tensor):
+                    spec.tensor = None  # the flash kernels read a null mask as causal
         for s, v in sym.arena_values.items():
             slots[s].index = plan.offsets[v]
         arena = (plan.arena_bytes + 63) // 64 * 64
@@ -276,9 +293,11 @@ class CpuProgram:
             self.arena = bucket.arena
         base = self.arena.data_ptr()
         for s, spec in enumerate(self.slots):
-            if spec.kind == "const":
+            if spec.kind == "sized" and spec.tensor is None:  # (a causal mask: see `at`)
+                self._ptrs[s] = None
+            elif spec.kind in ("const", "sized"):
                 t = spec.tensor
-                assert t is not None
+                assert t is not None, "a program with symbolic sizes runs through at()"
                 if not t.is_contiguous() or t.dtype != spec.type.dtype:
                     t = t.to(spec.type.dtype).contiguous()
                 spec.tensor = t

@@ -162,3 +162,33 @@ def test_size_expressions_print_and_evaluate_exactly():
 @pytest.mark.parametrize("n,want", [(1, 16), (16, 16), (17, 20), (100, 112), (512, 512), (513, 640), (1000, 1024)])
 def test_bucket_sizes(n, want):
     assert bucket_size(n) == want
+
+
+def _sdpa_size_mask(q, k, v, band: int | None):
+    """Attention under a mask built from the sizes alone (as transformers builds its masks)."""
+    n = q.shape[-2]
+    i = torch.arange(n)
+    mask = i[None, :] <= i[:, None]
+    if band is not None:
+        mask = mask & (i[None, :] > i[:, None] - band)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+
+
+@pytest.mark.parametrize("band", [None, 3])
+def test_a_mask_of_the_sizes_is_computed_once_per_size_and_causal_where_it_is_the_triangle(band):
+    """The mask depends on the sizes alone: hoisted out of the graph (a `size` input, evaluated
+    once per size), and where it is the causal triangle the flash kernel gets a null mask and
+    skips the upper half; a banded mask is passed as it is."""
+    fn = lambda q, k, v: _sdpa_size_mask(q, k, v, band)  # noqa: E731
+    c = novaforge.compile(fn, backend="cpu", dynamic={i: {2: (2, 2048)} for i in range(3)}, tiered=False)
+    with torch.no_grad():
+        for n in (5, 40, 5):
+            args = [_rand(1, 2, n, 16) for _ in range(3)]
+            torch.testing.assert_close(c(*args), fn(*args), atol=2e-5, rtol=2e-5)
+    graph = c.stats().graph
+    assert [gi.kind for gi in graph.inputs].count("size") == 1
+    assert c.compilations == 1 and c.stats().program.info["torch"] == 0
+    inst = next(iter(c._instances.values())).stats.program
+    sized = [spec for spec in inst.slots if spec.kind == "sized"]
+    assert len(sized) == 1 and sized[0].causal
+    assert (sized[0].tensor is None) == (band is None)  # null: the kernels run causal

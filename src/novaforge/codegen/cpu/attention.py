@@ -15,6 +15,10 @@ transposes copied).
 bfloat16 q/k/v (and mask) are converted to float32 when packed (q, K^T, and V into a packed
 float copy) and the output is rounded to bfloat16 once; everything in between is float32.
 
+A kernel with a mask argument reads a null mask pointer as the causal triangle: a program for
+a range of sizes passes null where the mask, a value of the sizes alone computed once per size,
+is that triangle (`CpuProgram.at`), so the kernel skips the masked half as a causal one does.
+
 Invariant: out = softmax(q k^T * scale + mask) v like torch's CPU scaled_dot_product_attention,
 including its zeros for rows where every key is masked.
 """
@@ -123,7 +127,9 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"const {T}* kg = (const {T}*)p{1 + k.buf} + {k.layout.offset};")
         c(f"const {T}* vg = (const {T}*)p{1 + v.buf} + {v.layout.offset};")
         if mask is not None:
-            c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf} + {mask.layout.offset};")
+            c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf};")
+            c("const bool tri = mg == nullptr;  // a null mask: the causal triangle (see the module docstring)")
+            c(f"if (!tri) mg += {mask.layout.offset};")
         nqb = -(-L // BQ)
         # tasks: (batch, head, chunk of query blocks); K^T is packed once per task. The number of
         # chunks is a performance choice (at the hint); with symbolic sizes a chunk past the last
@@ -139,11 +145,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"const {T}* kp = kg + b * {bst[1]} + hk * {ks[0]};")
         c(f"const {T}* vp = vg + b * {bst[2]} + hk * {vs[0]};")
         if mask is not None:
-            c(f"const {mtype}* mp = mg + b * {bst[3]} + h * {mask_tail[0]};")
+            c(f"const {mtype}* mp = tri ? mg : mg + b * {bst[3]} + h * {mask_tail[0]};")
         c(f"{T}* op = out + b * {bst[-1]} + h * {head_off};")
         c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
-        c(f"const int64_t kend = {f'(iend < {S} ? iend : {S})' if causal else S};")
+        c(f"const int64_t kend = {_causal_end('iend', S, causal, mask is not None)};")
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
         c.open("for (int64_t j = 0; j < kend; j++)")
         c(f"const {T}* kr = kp + j * {ks[1]};")
@@ -165,7 +171,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"for (int64_t e = 0; e < {Ev}; e++) acc[r][e] = 0.0f;")
         c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = {ld(f'qp[(i0 + r) * {qs[1]} + e * {qs[2]}]')} * {scale!r}f;")
         c.close()
-        c(f"const int64_t jend = {f'(i1 < {S} ? i1 : {S})' if causal else S};")
+        c(f"const int64_t jend = {_causal_end('i1', S, causal, mask is not None)};")
         c.open(f"for (int64_t j0 = 0; j0 < jend; j0 += {BK})")
         c(f"const int64_t nj = jend - j0 < {BK} ? jend - j0 : {BK};")
         c(f"const float* kt = ktb + (j0 / {BK}) * {E * BK};")
@@ -195,14 +201,17 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c("float* sr = s[r];")
         c("const int64_t i = i0 + r;")
         if mask is not None:
+            c.open("if (!tri)")
             c(f"const {mtype}* mr = mp + i * {mask_tail[1]} + j0 * {mask_tail[2]};")
             c("#pragma omp simd")
             if mtype == "uint8_t":
                 c(f"for (int64_t j = 0; j < nj; j++) sr[j] = mr[j * {mask_tail[2]}] ? sr[j] : -__builtin_inff();")
             else:
                 c(f"for (int64_t j = 0; j < nj; j++) sr[j] += {ld(f'mr[j * {mask_tail[2]}]')};")
-        if causal:
-            c("for (int64_t j = i - j0 + 1 > 0 ? i - j0 + 1 : 0; j < nj; j++) sr[j] = -__builtin_inff();")
+            c.close()
+        if causal or mask is not None:
+            c(("if (tri) " if mask is not None else "")
+              + "for (int64_t j = i - j0 + 1 > 0 ? i - j0 + 1 : 0; j < nj; j++) sr[j] = -__builtin_inff();")
         c("float mx = m[r];")
         c("#pragma omp simd reduction(max:mx)")
         c("for (int64_t j = 0; j < nj; j++) mx = sr[j] > mx ? sr[j] : mx;")
@@ -254,4 +263,13 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         return c.text()
 
     del out_t
-    return GenKernel(name, n_args, render, sched, key)
+    return GenKernel(name, n_args, render, sched, key, mask_arg=1 + mask.buf if mask is not None else None)
+
+
+def _causal_end(i: str, S, causal: bool, masked: bool) -> str:
+    """The end of the keys a query row up to `i` reads: S, or min(i, S) under the causal
+    triangle (decided at run time for a mask argument: `tri`)."""
+    bounded = f"({i} < {S} ? {i} : {S})"
+    if masked:
+        return f"(tri ? {bounded} : {S})"
+    return bounded if causal else f"{S}"

@@ -214,6 +214,7 @@ class CpuBackend:
             if per_kernel:
                 flush(ordinal)
         flush()
+        _mark_causal_masks(layout.slots, gens, segments, steps)
         layout.pack_all(target.threads)
         outputs = [layout.output_spec(v) for v in list(graph.outputs) + [new for _, new in graph.mutations]]
         t1 = time.perf_counter()
@@ -365,6 +366,8 @@ class _Layout:
             if gi.kind == "const":
                 self._slot[gi.value] = self._add(SlotSpec("const", gi.value.type, tensor=gi.tensor))
                 self._const[gi.value] = gi.tensor
+            elif gi.kind == "size":  # evaluated per size by CpuProgram.at
+                self._slot[gi.value] = self._add(SlotSpec("sized", gi.value.type, recipe=gi.recipe))
             else:
                 self._input_pos[gi.value] = pos
                 self._slot[gi.value] = self._add(SlotSpec("input", gi.value.type, index=pos))
@@ -582,6 +585,25 @@ def _inplace_target(target: str) -> str | None:
         return None
     packet = getattr(torch.ops.aten, name + "_", None)
     return f"aten.{name}_.{overload}" if packet is not None and hasattr(packet, overload) else None
+
+
+def _mark_causal_masks(slots: list[SlotSpec], gens: dict[str, GenKernel],
+                       segments: list[tuple[str, list[tuple[str, list[int]]]]], steps: list[StepSpec]) -> None:
+    """Sized slots that only flash attention kernels read, as their mask: where such a mask is
+    the causal triangle at a call's sizes, `CpuProgram.at` passes null and the kernels run causal."""
+    mask_uses: set[int] = set()
+    other_uses: set[int] = set()
+    for _, calls in segments:
+        for fn, args in calls:
+            m = gens[fn].mask_arg
+            for i, a in enumerate(args):
+                (mask_uses if i == m else other_uses).add(a)
+    for st in steps:
+        other_uses.update(s for s, _ in st.operands)
+        other_uses.update(st.ins)
+    for s in mask_uses - other_uses:
+        if slots[s].kind == "sized":
+            slots[s].causal = True
 
 
 def _describe_plan(plan) -> str:

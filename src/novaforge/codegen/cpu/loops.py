@@ -43,6 +43,7 @@ class GenKernel:
     schedule: CpuSchedule
     key: str  # structural key + schedule: equal keys render equal functions
     info: BodyInfo | None = None  # the loop analysis (pointwise and reduction kernels)
+    mask_arg: int | None = None  # flash attention: the argument holding the mask (null: causal)
 
     def render(self) -> str:
         """The source, each function declaring the size symbols it names."""
