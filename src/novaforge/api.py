@@ -88,7 +88,7 @@ class CompiledModule:
         self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
         self._programs: dict[tuple, _Entry] = {}
         self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
-        self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # recent sizes of shared programs
+        self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
@@ -162,7 +162,8 @@ class CompiledModule:
     def _shared_instance(self, key: tuple, args: tuple, kwargs: dict) -> _Entry | None:
         """The entry of this call's sizes from its structure's shared program (one program for
         every size of a symbolic capture, built on the structure's first call), or None (no
-        shared program: the call is compiled per size, tiered). Entries of recent sizes are kept."""
+        shared program: the call is compiled per size, tiered). Entries of the last sizes made
+        are kept."""
         entry = self._instances.get(key)
         if entry is not None and entry.binding.refresh():
             return entry

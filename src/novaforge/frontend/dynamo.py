@@ -139,7 +139,7 @@ class _AtenGraphProgram:
         self.programs: dict[tuple, Any] = {}
         self.symbolic: Any = None  # the graph lowered once with symbolic sizes (dynamic graphs), or why not
         self.shared: Any = None if self.options.symbolic_programs else False  # one program for every size
-        self.instances: OrderedDict[tuple, _Runner] = OrderedDict()  # recent sizes of the shared program
+        self.instances: OrderedDict[tuple, _Runner] = OrderedDict()  # the last sizes made of the shared program
         self.parts: Any = None  # dynamic graphs: the graph with its static parts compiled, or False (none)
         self.stats: list[Any] = []
         self.fallbacks: list[Fallback] = []
@@ -310,11 +310,10 @@ class _AtenGraphProgram:
     def _shared_runner(self, args: Sequence[Any]) -> _Runner | None:
         """The shared program (built for the graph's symbolic sizes, once) at the sizes of
         `args`, or None: no shared program (it could not be built: logged once), or sizes its
-        symbol table does not admit. Runners of the most recent sizes are kept."""
+        symbol table does not admit. Runners of the last sizes made are kept."""
         key = _signature(args)
-        runner = self.instances.get(key)
+        runner = self.instances.get(key)  # (the oldest size made is dropped first)
         if runner is not None:
-            self.instances.move_to_end(key)
             return runner
         with self._lock:
             if self.shared is None:

@@ -37,7 +37,7 @@ import torch
 from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
 from ..ir.graph import Attrs
-from ..ir.specialize import evaluate_recipe, specialize
+from ..ir.specialize import python_scalar, specialize
 from ..ir.symbolic import is_symbolic, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
@@ -132,6 +132,32 @@ class OutputSpec:
         self.kind = OutputKind(self.kind)
 
 
+def _compile_recipe(recipe: Graph) -> Callable[[Mapping[Any, int]], torch.Tensor]:
+    """A function of the symbol values computing a recipe's output (as `evaluate_recipe` does),
+    with the nodes, their implementations and which attributes hold sizes looked up once."""
+    env_index = {gi.value: i for i, gi in enumerate(recipe.inputs)}
+    consts = [gi.tensor for gi in recipe.inputs]
+    calls = []
+    for n in recipe.nodes:
+        for o in n.outputs:
+            env_index[o] = len(env_index)
+        sym_attrs = is_symbolic(n.attrs)
+        calls.append((OPS[n.op], [env_index[v] for v in n.inputs], n.attrs, sym_attrs, len(n.outputs)))
+    out = env_index[recipe.outputs[0]]
+
+    def run(values: Mapping[Any, int]) -> torch.Tensor:
+        env: list[Any] = list(consts)
+        for op, ins, attrs, sym_attrs, _ in calls:
+            if sym_attrs:
+                attrs = Attrs({k: substitute(a, values) for k, a in attrs.items()})
+                if op.name == "scalar":  # a size used as a number takes the scalar's dtype
+                    attrs = attrs.replace(value=python_scalar(attrs["value"], attrs["dtype"]))
+            env.extend(op.evaluate([env[i] for i in ins], attrs))
+        return env[out].detach().contiguous()
+
+    return run
+
+
 def _is_causal_triangle(mask: torch.Tensor) -> bool:
     """Is a boolean mask [..., L, S] exactly the top-left lower triangle (key j <= query i) in
     every leading position (attention's `causal`)?"""
@@ -178,6 +204,24 @@ class SymbolicLayout:
     symbols: list[Any]  # the graph's size symbols (sympy), s0, s1, ... in index order
     buckets: dict[tuple, _Bucket] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _per_size: list[int] | None = None
+    _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
+
+    def per_size_slots(self, slots: list[SlotSpec]) -> list[int]:
+        """The slots an instance gets its own copy of: a symbolic type, an arena or scratch
+        offset, or a value of the sizes."""
+        if self._per_size is None:
+            self._per_size = [s for s, spec in enumerate(slots)
+                              if spec.kind in ("arena", "scratch", "sized") or is_symbolic(spec.type)]
+        return self._per_size
+
+    def evaluate(self, slot: int, recipe: Graph, values: Mapping[Any, int]) -> torch.Tensor:
+        """A sized slot's value at these sizes (its recipe's ops run by torch; the recipe
+        compiled to a list of calls once)."""
+        run = self._recipes.get(slot)
+        if run is None:
+            run = self._recipes[slot] = _compile_recipe(recipe)
+        return run(values)
 
     def bucket_for(self, values: Mapping[Any, int]) -> _Bucket:
         key = tuple(bucket_size(int(values[s])) for s in self.symbols)
@@ -256,10 +300,11 @@ class CpuProgram:
             raise ValueError("at(): this program was built for static sizes")
         bucket = sym.bucket_for(values)
         plan = bucket.plan
-        slots = [dataclasses.replace(spec, type=substitute(spec.type, values)) for spec in self.slots]
-        for spec in slots:
+        slots = list(self.slots)  # slots of static type and place are shared; the others copied
+        for s in sym.per_size_slots(self.slots):
+            spec = slots[s] = dataclasses.replace(self.slots[s], type=substitute(self.slots[s].type, values))
             if spec.kind == "sized":
-                spec.tensor = evaluate_recipe(spec.recipe, values)
+                spec.tensor = sym.evaluate(s, spec.recipe, values)
                 if spec.causal and _is_causal_triangle(spec.tensor):
                     spec.tensor = None  # the flash kernels read a null mask as causal
         for s, v in sym.arena_values.items():
@@ -269,8 +314,9 @@ class CpuProgram:
         for s in sym.scratch:
             slots[s].index = arena
             scratch = max(scratch, (slots[s].type.nbytes + 63) // 64 * 64)
-        steps = [_step_at(st, values) for st in self.steps]
-        outputs = [dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views)) for o in self.outputs]
+        steps = [st if st.kind == "seg" else _step_at(st, values) for st in self.steps]
+        outputs = [o if not o.views else dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views))
+                   for o in self.outputs]
         prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena + scratch, self.info)
         prog._bucket = bucket
         prog._lock = bucket.lock

@@ -192,3 +192,18 @@ def test_a_mask_of_the_sizes_is_computed_once_per_size_and_causal_where_it_is_th
     sized = [spec for spec in inst.slots if spec.kind == "sized"]
     assert len(sized) == 1 and sized[0].causal
     assert (sized[0].tensor is None) == (band is None)  # null: the kernels run causal
+
+
+def test_positions_taken_from_an_arange_of_the_size_are_generated():
+    """`table[arange(n)]` in a graph with symbolic sizes: the index is an iota computed in the
+    kernel (the static graph folds it into a constant), not a torch step."""
+    table = torch.nn.Embedding(64, 8)
+    fn = lambda x: x + table(torch.arange(x.shape[1]))  # noqa: E731
+    c = novaforge.compile(fn, backend="cpu", dynamic={0: {1: (2, 100)}}, tiered=False)
+    with torch.no_grad():
+        for n in (3, 30, 64):
+            x = _rand(2, n, 8)
+            torch.testing.assert_close(c(x), fn(x))
+        assert c.compilations == 1 and c.stats().program.info["torch"] == 0, c.stats().program.info["fallbacks"]
+        with pytest.raises(IndexError):  # position 64 is past the table's 64 rows: eager raises too
+            c(_rand(2, 65, 8))

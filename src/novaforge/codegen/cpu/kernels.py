@@ -244,7 +244,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
         if kernel.kind in ("matmul", "attention"):
             return _plan_anchor(kernel, target, const_bufs, written_outs)
         if kernel.kind == "single" and len(kernel.body.nodes) >= 1:
-            op = next((n.op for n in kernel.body.nodes if not OPS[n.op].has("view")), None)
+            op = next((n.op for n in kernel.body.nodes
+                       if not OPS[n.op].has("view") and not OPS[n.op].has("generator")), None)
             if kernel.body.nodes[-1].op == "scatter_add":  # (its base may be a fill made in the kernel)
                 op = "scatter_add"
             if op == "take":

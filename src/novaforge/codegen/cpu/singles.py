@@ -1,8 +1,9 @@
 """Generated single-node kernels: embedding gathers (`take`), `gather`, `scatter_add`, `cat`.
 
-* take(x, idx, axis): out[o, j, e] = x[o, idx[j], e]; rows of contiguous elements are copied
-  with memcpy; indices are checked (out of range makes the kernel return 1, which the runtime
-  raises as an IndexError, as torch does), rows in parallel when the copy is large.
+* take(x, idx, axis): out[o, j, e] = x[o, idx[j], e] (idx a buffer, or an iota computed in
+  place); rows of contiguous elements are copied with memcpy; indices are checked (out of
+  range makes the kernel return 1, which the runtime raises as an IndexError, as torch does),
+  rows in parallel when the copy is large.
 * cat(x0, x1, ..., axis): one strided copy loop per input into its slice of the output
   (rendered by the pointwise loop renderer with an output offset).
 
@@ -23,6 +24,7 @@ import torch
 from ...ir import OPS, Kernel, Value
 from ...ir.symbolic import hint
 from ...ir.types import TensorType, contiguous_strides
+from ...ir.views import Strided
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Leaf, Store, Unsupported, operand
@@ -31,7 +33,7 @@ from .loops import Code, GenKernel, coalesce, function_name, pointwise_loops, re
 
 
 def _node(kernel: Kernel, op: str):
-    nodes = [n for n in kernel.body.nodes if not OPS[n.op].has("view")]
+    nodes = [n for n in kernel.body.nodes if not OPS[n.op].has("view") and not OPS[n.op].has("generator")]
     if len(nodes) != 1 or nodes[0].op != op:
         raise Unsupported(f"{op} kernel with extra nodes")
     if kernel.body.outputs != (nodes[0].outputs[0],) and list(kernel.body.outputs) != [nodes[0].outputs[0]]:
@@ -39,10 +41,25 @@ def _node(kernel: Kernel, op: str):
     return nodes[0]
 
 
+def _iota_index(body, v: Value) -> tuple | None:
+    """(start, step) when `v` is an integer `iota` seen through reshapes (element j of its flat
+    order is start + step * j: `take(table, arange(n))`, the position embeddings of a graph
+    with symbolic sizes), else None."""
+    producer = {o: m for m in body.nodes for o in m.outputs}
+    while v in producer and producer[v].op == "reshape":
+        v = producer[v].inputs[0]
+    m = producer.get(v)
+    if m is None or m.op != "iota" or m.attrs["dtype"] not in (torch.int64, torch.int32):
+        return None
+    return m.attrs["start"], m.attrs["step"]
+
+
 def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
     body = kernel.body
     n = _node(kernel, "take")
-    x, idx = operand(body, n.inputs[0]), operand(body, n.inputs[1])
+    x = operand(body, n.inputs[0])
+    iota = _iota_index(body, n.inputs[1])
+    idx = operand(body, n.inputs[1]) if iota is None else _IotaOperand(n.inputs[1].type.shape)
     check_dtype(x.dtype)
     ax = n.attrs["axis"]
     xs, xst = x.layout.shape, x.layout.strides
@@ -76,7 +93,8 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
         code = Code()
         code.open(f"static int {name}({signature(n_args)})")
         code(f"const {st}* x = (const {st}*)p{x.buf};")
-        code(f"const {it}* ix = (const {it}*)p{idx.buf};")
+        if iota is None:
+            code(f"const {it}* ix = (const {it}*)p{idx.buf};")
         code(f"{st}* out = ({st}*){out_p};")
         total = outer * nidx
         if total == 0 or inner == 0:
@@ -86,8 +104,11 @@ def plan_take(kernel: Kernel, target: CpuTarget) -> GenKernel:
             code(f"#pragma omp parallel for num_threads({sched.threads}) schedule(static) reduction(|:err)")
         code.open(f"for (int64_t t = 0; t < {total}; t++)")
         code(f"const int64_t o = t / {nidx}, j = t % {nidx};")
-        offset_expr(code, "j", [(n, tuple(sts)) for n, sts in idx_dims], idx.layout.offset, "io")
-        code("const int64_t k = (int64_t)ix[io];")
+        if iota is None:
+            offset_expr(code, "j", [(n, tuple(sts)) for n, sts in idx_dims], idx.layout.offset, "io")
+            code("const int64_t k = (int64_t)ix[io];")
+        else:  # an iota index, computed
+            code(f"const int64_t k = {iota[0]} + {iota[1]} * j;")
         code.open(f"if (k < 0 || k >= {xa})")
         code("err = 1;")
         code("continue;")
@@ -296,6 +317,14 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
         return _finish(code, "err")
 
     return GenKernel(name, n_args, render, sched, f"{kernel.structural_key}|{sched.key()}")
+
+
+class _IotaOperand:
+    """The index operand of a take whose indices are an iota (no buffer: see `_iota_index`)."""
+
+    def __init__(self, shape: tuple) -> None:
+        self.layout = Strided.contiguous(shape)
+        self.dtype = torch.int64
 
 
 def _finish(code: Code, rc: str) -> str:
