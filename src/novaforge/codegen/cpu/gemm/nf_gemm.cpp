@@ -72,6 +72,7 @@ const Blocking& blocking() {
 /* ---------------- per-thread scratch ---------------- */
 
 using nfi::Scratch;
+using nfi::rows_alias_in_l1;
 thread_local Scratch t_scratch;
 
 /* ---------------- operand descriptors ---------------- */
@@ -229,12 +230,20 @@ struct RegionPrefetch {
 #define NF_GEMM_PREFETCH_B 512
 #endif
 /* Row-major float32 B (a [K, N] weight such as GPT-2's Conv1D) is read in place by the micro-kernel,
- * not copied into panels, when a task has at most this many rows: GPT-2 b1 x 128 (M = 128) ran 3%
- * faster (5 of 5 interleaved pairs); at M = 1024 the strided re-reads of each block by 128 row tiles
- * cost 13-17% (a partial last panel is still packed, as it would be read past N). 0 turns it off. */
+ * not copied into panels, when a task has at most this many rows, on AMD CPUs: on a Zen 4, GPT-2
+ * b1 x 128 (M = 128) ran 3% faster (5 of 5 interleaved pairs); at M = 1024 the strided re-reads of
+ * each block by 128 row tiles cost 13-17% (a partial last panel is still packed, as it would be read
+ * past N). On an Intel Xeon (Sapphire Rapids, 2 threads, M = 128) packing was never slower and up to
+ * 1.7x faster (K x N = 768 x 3840: 139 GFLOP/s in place, 233 packed; 768 x 2304: 154 and 216), so
+ * there B is always packed. Never when B's rows alias in L1 (N = 1024, 2048, 3072, ...: rows a
+ * multiple of 4 KiB apart). 0 turns it off. */
 #ifndef NF_GEMM_B_IN_PLACE_MAX_ROWS
 #define NF_GEMM_B_IN_PLACE_MAX_ROWS 128
 #endif
+#ifndef NF_GEMM_B_IN_PLACE_ANY_CPU  // 1: on every CPU (the tests' builds cover the path anywhere)
+#define NF_GEMM_B_IN_PLACE_ANY_CPU 0
+#endif
+static const bool kBInPlaceCpu = NF_GEMM_B_IN_PLACE_ANY_CPU || __builtin_cpu_is("amd");
 #ifndef NF_GEMM_UNPACKED_PACK_A
 #define NF_GEMM_UNPACKED_PACK_A 0
 #endif
@@ -259,7 +268,8 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     // A is packed (once per row block, for all K) when it is strided or bf16, or, with packed B, when many
     // panels reuse it. With unpacked B there is one row block when A is read in place (its tiles stream
     // from L2/L3), so that each block of B is packed once per call.
-    const bool b_in_place = m1 - m0 <= NF_GEMM_B_IN_PLACE_MAX_ROWS && !P.Bp && !P.b_bf16 && P.cs_b == 1;
+    const bool b_in_place = kBInPlaceCpu && m1 - m0 <= NF_GEMM_B_IN_PLACE_MAX_ROWS && !P.Bp && !P.b_bf16 &&
+                            P.cs_b == 1 && !rows_alias_in_l1(P.rs_b * 4);
     const bool pack_a = P.a_bf16 || P.cs_a != 1 || ((P.Bp || NF_GEMM_UNPACKED_PACK_A) && p1 - p0 >= kPackAMinPanels);
     if (!P.Bp) mc_max = std::max(mc_max, std::min({m1 - m0, 1000L * MR, pack_a ? (4L << 20) / std::max(K, 1L) / MR * MR : m1}));
     const long nmb = cdiv(m1 - m0, mc_max);

@@ -18,6 +18,14 @@ bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long c
 long l1d_bytes();  // L1 data cache, bytes
 long l2_bytes();   // L2 cache (per core), bytes
 
+/* Do 16 rows `row_bytes` apart fall into fewer than 4 sets of a 64-set L1d? (Rows a multiple of
+ * 4 KiB apart all map to one set: a kernel reading such rows in place thrashes L1.) */
+inline bool rows_alias_in_l1(long row_bytes) {
+    unsigned long long sets = 0;
+    for (long l = 0; l < 16; ++l) sets |= 1ull << (((unsigned long)(l * row_bytes) / 64) % 64);
+    return __builtin_popcountll(sets) < 4;
+}
+
 /* Two growable, 64-byte aligned float buffers; each translation unit keeps one per thread. */
 struct Scratch {
     float* a = nullptr;

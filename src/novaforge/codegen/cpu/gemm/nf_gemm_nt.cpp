@@ -35,6 +35,7 @@
 using nfd::DMR;
 using nfd::DNR;
 using nfs::W;
+using nfi::rows_alias_in_l1;
 
 namespace {
 
@@ -382,13 +383,6 @@ constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
 #define NF_GEMM_NT_DOT_MAX_ROWS 128
 #endif
 constexpr long kDotMaxRows = NF_GEMM_NT_DOT_MAX_ROWS;
-
-/* Do 16 rows `row_bytes` apart fall into fewer than 4 sets of a 64-set L1d? */
-inline bool rows_alias_in_l1(long row_bytes) {
-    unsigned long long sets = 0;
-    for (long l = 0; l < 16; ++l) sets |= 1ull << (((unsigned long)(l * row_bytes) / 64) % 64);
-    return __builtin_popcountll(sets) < 4;
-}
 
 /* Pack W on the fly (nf_gemm.cpp) rather than run the dot-product kernel? */
 inline bool pack_w(long M, long ldw, bool w_bf16) {
