@@ -114,11 +114,12 @@ class CompiledModule:
         entry = self._programs.get(key)
         if entry is None and self.dynamic is None and self.options.tiered:
             self._maybe_automatic_dynamic(key)
+        shared = None
         if entry is None and self.dynamic is not None and self.options.symbolic_programs:
-            entry = self._shared_instance(key, args, kwargs)
+            entry = shared = self._shared_instance(key, args, kwargs)  # (its binding refreshed)
         if entry is None and not self.tiering.should_build(key):
             return self._eager_tier(key, args, kwargs)
-        if entry is None or not entry.binding.refresh():
+        if shared is None and (entry is None or not entry.binding.refresh()):
             with self._lock:
                 entry = self._programs.get(key)
                 if entry is None or not entry.binding.refresh():
