@@ -271,6 +271,12 @@ class LowerCtx:
         """Keep the current FX node as an ATen call."""
         n = self.fx_node
         if has_symbolic_shape(n.meta.get("val")):
+            conv = active_converter()
+            vals = n.meta.get("val") if isinstance(n.meta.get("val"), list | tuple) else [n.meta.get("val")]
+            sizes = [d for v in vals if isinstance(v, torch.Tensor) for d in v.shape]
+            if conv is not None and all(conv.dim(d) is not None for d in sizes):  # symbols of the sizes, not data
+                raise UnsupportedError(self.describe("an ATen call kept as such (extern) with symbolic output "
+                                                     "sizes is not supported yet: compiled per size"))
             raise UnsupportedError(self.describe("output shape depends on tensor data (data-dependent "
                                                  "shape); novaforge compiles static shapes only"))
         val = n.meta.get("val")
