@@ -41,7 +41,7 @@ class Options:
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
     fallback: str = "eager"  # torch.compile: a graph novaforge cannot compile runs eagerly, or "raise"
-    symbolic_programs: bool = True  # dynamic graphs: one program for every size (backends that build them: cpu)
+    symbolic_programs: bool = True  # dynamic graphs: one program for every size (backends that build them: cpu, triton)
     tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
     static_parts: bool = True  # torch.compile, dynamic graphs: that eager run uses compiled static parts
     # -- CPU backend

@@ -176,3 +176,12 @@ def test_worker_measures_generation_in_process(tmp_path):
     assert s["median_ms"] == 11.0 and s["ttft_ms"] == 2.0
     assert s["decode_tokens_per_s"] == pytest.approx(5 / 9e-3) and s["tokens_equal"] and s["programs"] == 2
     assert s["roof_fraction"] == pytest.approx(s["decode_tokens_per_s"] / s["roof_tokens_per_s"])
+
+
+def test_worker_generates_with_a_dynamic_cache_on_two_programs(tmp_path):
+    spec = {"runner": "novaforge-dynamic-cache", "device": "cpu", "dtype": "float32", "threads": 2, "runs": 2,
+            "warmup": 1, "budget_s": 30.0, "nf_backend": "auto", "max_size": 64, "workdir": str(tmp_path / "w"),
+            "workload": "gpt2-generate-tiny", "batch": 1, "seq": 8, "new_tokens": 6}
+    (row,) = worker.measure(spec)["rows"]
+    assert row["tokens_equal"] and row["new_tokens"] == 6
+    assert row["programs_after"] == 2  # the prefill and one decode program for every cache length

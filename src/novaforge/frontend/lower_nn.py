@@ -24,6 +24,7 @@ import torch
 
 from ..ir.ops.matmul import operands
 from ..ir.ops.reduction import arg_reduce, reduce, reduce_axes, reduced_size
+from ..ir.symbolic import Sym
 from .lower import ARG_CHECKS, LowerCtx, UnsupportedError
 from .lower_elementwise import as_bool, fill, rule
 
@@ -46,6 +47,8 @@ def variance(ctx: LowerCtx, v, axes, keepdim: bool, correction: float = 0.0):
     d = ctx.emit("sub", [v, m])
     ss = reduce(ctx, "sum", ctx.emit("mul", [d, d]), axes, keepdim)
     n = reduced_size(v, axes)
+    if isinstance(n, Sym) and float(correction) in (0.0, 1.0):  # (n >= 1: n - correction >= 0)
+        return ctx.emit("div", [ss, ctx.scalar(n - int(correction), v.type.dtype, v.type.device)]), m
     return ctx.emit("div", [ss, ctx.scalar(max(n - correction, 0), v.type.dtype, v.type.device)]), m
 
 

@@ -195,9 +195,15 @@ class Sym:
     def __format__(self, spec: str) -> str:
         """In an f-string, a Sym is its C++ expression (`768*s0`, `nf_floordiv_i(s0 + 1, 2)`):
         the code generators interpolate sizes this way, and a generated function declares each
-        symbol it names (`const int64_t s0 = nf_sym[0];`). `str()` keeps sympy's form."""
+        symbol it names (`const int64_t s0 = nf_sym[0];`). Inside `formatting("triton")` it is
+        the Triton expression over the kernel's size arguments (`tl_expr`), and the symbols
+        are recorded. `str()` keeps sympy's form."""
         if spec:
             raise TypeError(f"format spec {spec!r} for a symbolic size {self}")
+        fmt = getattr(_FORMAT, "value", None)
+        if fmt is not None:
+            fmt.used.update(self.expr.free_symbols)
+            return tl_expr(self.expr)
         return c_expr(self.expr)
 
     def subs(self, values: Mapping[sympy.Symbol, int]) -> int | Sym:
@@ -271,30 +277,87 @@ def evaluator(expr: sympy.Expr) -> Any:
     return fn
 
 
-def py_expr(expr: sympy.Expr) -> str:
+_FORMAT = threading.local()  # the open `formatting` context (Syms print for Triton)
+
+
+class formatting:
+    """Context: Syms in f-strings print as Triton expressions (`tl_expr`) over size arguments
+    named as the symbols; `used` collects every symbol printed, `args()` names them in index
+    order (a kernel's size parameters)."""
+
+    def __init__(self, lang: str = "triton") -> None:
+        if lang != "triton":
+            raise ValueError(f"no symbolic formatting for {lang!r}")
+        self.used: set[sympy.Symbol] = set()
+
+    def args(self) -> tuple[str, ...]:
+        return tuple(s.name for s in sorted(self.used, key=lambda s: int(s.name[len(SYMBOL_PREFIX):])))
+
+    def __enter__(self) -> formatting:
+        self.saved = getattr(_FORMAT, "value", None)
+        _FORMAT.value = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _FORMAT.value = self.saved
+
+
+def current_formatting() -> formatting | None:
+    return getattr(_FORMAT, "value", None)
+
+
+def tl_expr(expr: sympy.Expr) -> str:
+    """A size expression as Triton integer code over scalar size arguments: `py_expr`'s form,
+    except that ceilings are (a + b - 1) // b and Max/Min are tl.maximum/tl.minimum. Triton's `//`
+    and `%` truncate like C's: a floor or Mod of a dividend not known to be non-negative goes
+    through a non-negative remainder (`-floor(-s0/16)`, a ceiling, is common). Divisors are
+    positive sizes."""
+    return py_expr(expr, triton=True)
+
+
+def py_expr(expr: sympy.Expr, triton: bool = False) -> str:
     """A size expression as exact integer Python (`//` and `%` for floor and Mod)."""
+    if triton:
+        if isinstance(expr, sympy.ceiling):
+            num, den = sympy.fraction(sympy.together(expr.args[0]))
+            return f"(({py_expr(num, True)} + {py_expr(den, True)} - 1) // {py_expr(den, True)})"
+        if isinstance(expr, sympy.Max | sympy.Min):
+            fn = "tl.maximum" if isinstance(expr, sympy.Max) else "tl.minimum"
+            out = py_expr(expr.args[0], True)
+            for a in expr.args[1:]:
+                out = f"{fn}({out}, {py_expr(a, True)})"
+            return out
     if expr.is_Integer:
         return str(int(expr))
     if expr.is_Symbol:
         return expr.name
     if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(py_expr(t) for t in sympy.Add.make_args(expr)) + ")"
+        return "(" + " + ".join(py_expr(t, triton) for t in sympy.Add.make_args(expr)) + ")"
     if isinstance(expr, sympy.Mul):
         coeff, rest = expr.as_coeff_Mul()
         if not coeff.is_Integer:
             raise SymbolicDecision(f"size {expr} is not an integer expression")
-        return "(" + "*".join([str(int(coeff))] + [py_expr(f) for f in sympy.Mul.make_args(rest)]) + ")"
+        return "(" + "*".join([str(int(coeff))] + [py_expr(f, triton) for f in sympy.Mul.make_args(rest)]) + ")"
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        if triton:  # (no integer power in Triton)
+            return "(" + "*".join([py_expr(expr.base, True)] * int(expr.exp)) + ")"
         return f"({py_expr(expr.base)}**{int(expr.exp)})"
     if isinstance(expr, sympy.floor | sympy.ceiling):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if isinstance(expr, sympy.ceiling):
-            return f"(-((-{py_expr(num)}) // {py_expr(den)}))"
-        return f"({py_expr(num)} // {py_expr(den)})"
+            return f"(-((-{py_expr(num, triton)}) // {py_expr(den, triton)}))"
+        a, b = py_expr(num, triton), py_expr(den, triton)
+        if triton and num.is_nonnegative is not True:  # (C's truncation: floor through a non-negative remainder)
+            return f"(({a} - (({a} % {b}) + {b}) % {b}) // {b})"
+        return f"({a} // {b})"
     if isinstance(expr, sympy.Mod):
-        return f"({py_expr(expr.args[0])} % {py_expr(expr.args[1])})"
+        a, b = py_expr(expr.args[0], triton), py_expr(expr.args[1], triton)
+        if triton and expr.args[0].is_nonnegative is not True:
+            return f"((({a} % {b}) + {b}) % {b})"
+        return f"({a} % {b})"
     if isinstance(expr, sympy.Max | sympy.Min):
-        return ("max(" if isinstance(expr, sympy.Max) else "min(") + ", ".join(py_expr(a) for a in expr.args) + ")"
+        args = ", ".join(py_expr(a, triton) for a in expr.args)
+        return ("max(" if isinstance(expr, sympy.Max) else "min(") + args + ")"
     raise SymbolicDecision(f"size {expr} has no integer form")
 
 

@@ -15,6 +15,7 @@ from nf_triton_testing import backend, compiled
 
 from novaforge.codegen.triton import backend as be
 from novaforge.codegen.triton.program import _CudaGraphRunner
+from novaforge.ir.symbolic import Sym, symbol
 from novaforge.schedule import gpu as sched_gpu
 
 
@@ -117,11 +118,17 @@ def test_gpu_launcher_passes_launch_options_and_no_upcast():
         def __getitem__(self, grid):
             return lambda *args, **kw: calls.append((grid, args, kw))
 
-    src = types.SimpleNamespace(grid=(7, 2), num_warps=8, num_stages=3)
+    src = types.SimpleNamespace(grid=(7, 2), num_warps=8, num_stages=3, symbols=())
     be._launcher(FakeFn(), src, interpret=False)(1, 2)
     be._launcher(FakeFn(), src, interpret=True)(3)
     assert calls == [((7, 2), (1, 2), {"UPCAST": False, "num_warps": 8, "num_stages": 3}),
                      ((7, 2), (3,), {"UPCAST": True})]
+    # a kernel for a range of sizes: its grid evaluated at the call's sizes, the sizes its arguments
+    s0, s1 = Sym(symbol(0)), Sym(symbol(1))
+    sized = types.SimpleNamespace(grid=((s0 + 63) // 64, s1 * 2), num_warps=4, num_stages=1, symbols=("s1", "s0"))
+    calls.clear()
+    be._launcher(FakeFn(), sized, interpret=False, values={symbol(0): 100, symbol(1): 3})(5)
+    assert calls == [((2, 6), (5, 3, 100), {"UPCAST": False, "num_warps": 4, "num_stages": 1})]
 
 
 class FakeCompiled:

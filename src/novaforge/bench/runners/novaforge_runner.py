@@ -98,5 +98,27 @@ class NovaforgeStepRunner:
                         after_first=lambda: {"programs": step.compilations})
 
 
+class NovaforgeDynamicCacheRunner:
+    """generate() with transformers' default DynamicCache on `novaforge.compile(model,
+    dynamic=True)`: the cache grows every step, and one program for a range of sizes serves
+    every cache length (the prefill and the decode step: two programs)."""
+
+    def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
+        from transformers import DynamicCache
+
+        import novaforge
+
+        from .torch_runners import generate_call
+
+        compiled = novaforge.compile(model, freeze=True, dynamic=True, backend=ctx.nf_backend)
+
+        def generate(*args: Any, **kwargs: Any) -> Any:  # a fresh cache for every generation
+            return compiled.generate(*args, past_key_values=DynamicCache(), **kwargs)
+
+        return Prepared(generate_call(generate, ids, new_tokens), to_tensor=lambda out: out,
+                        info={"backend_requested": ctx.nf_backend, "cache": "dynamic"},
+                        after_first=lambda: {**_metrics_of(compiled), "programs": compiled.compilations})
+
+
 class NovaforgePackedRunner(NovaforgeRunner):
     options = {"pack_weights": True}

@@ -1,7 +1,11 @@
 """TritonBackend: fused GPU kernels in Triton, scheduled analytically, run from one arena.
 
 Invariant: `build(graph, options)` returns a `TritonProgram` that computes what the reference
-interpreter computes for the same graph. Each `kernel` node runs as generated Triton code when
+interpreter computes for the same graph; for a graph with symbolic sizes, a `SizedTritonProgram`
+whose `at(values)` is such a program at those sizes (its kernels rendered and compiled once with
+the sizes as arguments, schedules planned at the symbols' hints: sized.py).
+
+Each `kernel` node runs as generated Triton code when
 `analysis.analyze` accepts its body (pointwise, row reductions, matmul with prologue views and
 elementwise epilogue, flash attention, take/cat gathers), else through torch on the same device
 (executor "torch": other index ops, scans, externs, anything the analysis rejects; the reason is
@@ -46,6 +50,18 @@ from typing import Any
 import torch
 
 from ...ir import OPS, Graph, Kernel
+from ...ir.specialize import specialize
+from ...ir.symbolic import (
+    SYMBOL_PREFIX,
+    context_signature,
+    formatting,
+    hint,
+    is_symbolic,
+    provably,
+    substitute,
+    symbol,
+    upper,
+)
 from ...options import Options
 from ...schedule import gpu as sched_gpu
 from ..registry import sources_digest
@@ -71,6 +87,7 @@ def _triton_version() -> str:
 
 class TritonBackend:
     name = "triton"
+    symbolic_programs = True  # builds one program for a range of sizes (a graph with symbolic sizes)
 
     def __init__(self) -> None:
         self._target: sched_gpu.GpuTarget | None = None
@@ -115,18 +132,18 @@ class TritonBackend:
         tf32 = options.tf32
         if info.kind == "gather":
             widest = max([t.itemsize for t in info.outputs] or [4])
-            return sched_gpu.pointwise_schedule(math.prod(info.space), 2 * widest, widest, target)
+            return sched_gpu.pointwise_schedule(hint(math.prod(info.space)), 2 * widest, widest, target)
         if info.kind == "pointwise":
             read = _bytes_read(info)
             widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
-            return sched_gpu.pointwise_schedule(math.prod(info.space), read, widest, target)
+            return sched_gpu.pointwise_schedule(hint(math.prod(info.space)), read, widest, target)
         if info.kind == "reduction":
             rows = math.prod(s for d, s in enumerate(info.space) if d not in info.red_axes)
             cols = math.prod(info.space[d] for d in info.red_axes)
             live = min(8, 2 + sum(1 for leaf in info.used_leaves().values() if leaf.kind == "load" and
                                   any(info.space_strides(leaf)[d] for d in info.red_axes)))
             widest = max([t.itemsize for t in info.inputs + info.outputs] or [4])
-            s = sched_gpu.reduction_schedule(rows, cols, live, widest, target)
+            s = _reduction_schedule(rows, cols, live, widest, target)
             cap = options.max_reduction_block
             if cap and s.block_cols > cap:  # a test knob: force looped rows with small chunks
                 s = dataclasses.replace(s, block_rows=1, block_cols=sched_gpu.pow2_floor(cap), looped=True,
@@ -140,15 +157,16 @@ class TritonBackend:
             extra = sum(t.nbytes for t in info.inputs) - _operand_bytes(info, lay)  # epilogue reads
             form = {"auto": None, "on": True, "off": False, True: True, False: False, None: None}[
                 options.matmul_persistent]
-            s = sched_gpu.matmul_schedule(lay.batch, lay.rows, lay.n, lay.k, lay.dtype, target, tf32=tf32,
-                                          tma_ok=tma_ok, extra_bytes=max(0, extra), persistent=form)
+            s = sched_gpu.matmul_schedule(hint(lay.batch), hint(lay.rows), hint(lay.n), hint(lay.k), lay.dtype,
+                                          target, tf32=tf32, tma_ok=tma_ok, extra_bytes=max(0, hint(extra)),
+                                          persistent=form)
             if choice == "tma" and tma_ok and s.loader != "tma":
                 s = dataclasses.replace(s, loader="tma")
             if options.matmul_tile:  # a test knob: force (BLOCK_M, BLOCK_N)
                 bm, bn = options.matmul_tile
                 s = dataclasses.replace(s, block_m=bm, block_n=bn, group_m=1, num_warps=4, num_stages=2)
             if options.matmul_programs:  # a test knob: a persistent grid of this many programs
-                tiles = lay.batch * sched_gpu.cdiv(lay.rows, s.block_m) * sched_gpu.cdiv(lay.n, s.block_n)
+                tiles = hint(lay.batch * sched_gpu.cdiv(lay.rows, s.block_m) * sched_gpu.cdiv(lay.n, s.block_n))
                 sub = options.matmul_subtile if options.matmul_subtile is not None else s.subtile
                 s = dataclasses.replace(s, programs=max(1, min(options.matmul_programs, tiles)),
                                         subtile=sub if s.block_n // sub >= 16 else 1)
@@ -156,23 +174,21 @@ class TritonBackend:
         a = info.anchor
         q, k, v = a.inputs[:3]
         bh = math.prod(q.type.shape[:-2])
-        return sched_gpu.attention_schedule(bh, q.type.shape[-2], k.type.shape[-2], q.type.shape[-1],
-                                            v.type.shape[-1], q.type.dtype, target, tf32=tf32)
+        return sched_gpu.attention_schedule(hint(bh), hint(q.type.shape[-2]), hint(k.type.shape[-2]),
+                                            q.type.shape[-1], v.type.shape[-1], q.type.dtype, target, tf32=tf32)
 
     # -- render / compile ---------------------------------------------------------------------
     def render(self, kernel: Kernel, schedule: Any, transposed: frozenset[int] = frozenset()) -> KernelSource:
         info = self.info(kernel, transposed)
         if info is None:
             raise Unsupported(self.reasons.get(kernel.structural_key, kernel.name))
-        if info.kind == "pointwise":
-            return render_pointwise(info, schedule)
-        if info.kind == "reduction":
-            return render_reduction(info, schedule)
-        if info.kind == "gather":
-            return render_gather(info, schedule)
-        if info.kind == "matmul":
-            return render_matmul(info, schedule)
-        return render_attention(info, schedule)
+        render = {"pointwise": render_pointwise, "reduction": render_reduction, "gather": render_gather,
+                  "matmul": render_matmul}.get(info.kind, render_attention)
+        if not _symbolic_body(kernel):
+            return render(info, schedule)
+        with formatting() as fmt:  # sizes print as expressions of the kernel's size arguments
+            src = render(info, schedule)
+        return dataclasses.replace(src, symbols=fmt.args())
 
     def compile(self, source: KernelSource, interpret: bool) -> Any:
         return loader.load_kernel(source.source, interpret)
@@ -182,7 +198,8 @@ class TritonBackend:
         info = self.info(kernel, transposed)
         assert info is not None
         schedule = self.schedule(info, target, options)
-        key = (kernel.structural_key, tuple(sorted(transposed)), schedule.key(), target.key(), interpret)
+        key = (kernel.structural_key, tuple(sorted(transposed)), schedule.key(), target.key(), interpret,
+               context_signature() if _symbolic_body(kernel) else "")
         hit = self._kernels.get(key)
         if hit is None:
             src = self.render(kernel, schedule, transposed)
@@ -222,23 +239,64 @@ class TritonBackend:
         return t if alt is not None and MatmulLayout(alt).b_sk == 1 else frozenset()
 
     # -- build --------------------------------------------------------------------------------
-    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None) -> TritonProgram:
+    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None) -> Any:
+        """The program of an optimized graph: a TritonProgram, or for a graph with symbolic
+        sizes a SizedTritonProgram (its kernels rendered once, instantiated per size by `at`)."""
         options = Options.of(options)
-        device = _graph_device(graph)
-        interpret = device == "cpu"
+        chosen = self._choose_kernels(graph, options)
+        if is_symbolic_graph(graph):
+            from .sized import SizedTritonProgram
+
+            return SizedTritonProgram(self, graph, options, chosen)
+        return self.program(graph, options, graph.meta.memory_plan, chosen)
+
+    def _interpret_target(self, graph: Graph) -> tuple[bool, sched_gpu.GpuTarget]:
+        interpret = _graph_device(graph) == "cpu"
         target = self.target()
         if interpret and not target.interpret:
             target = sched_gpu.interpreter_target()
-        prog = TritonProgram(graph, device, cuda_graphs=options.cuda_graphs,
-                             interpret_mode=interpret)
+        return interpret, target
+
+    def _choose_kernels(self, graph: Graph, options: Options) -> dict[int, Any]:
+        """Per kernel node (by index): its generated kernel (source, function, transposed body
+        inputs), or the reason it runs through torch (a str); nodes whose outputs are all empty
+        are absent (nothing to write)."""
+        interpret, target = self._interpret_target(graph)
+        consts = {gi.value for gi in graph.inputs if gi.kind == "const"}
+        chosen: dict[int, Any] = {}
+        for i, n in enumerate(graph.nodes):
+            if n.op != "kernel":
+                continue
+            k: Kernel = n.attrs["kernel"]
+            library = k.kind == "matmul" and options.matmul_executor == "torch"
+            if self.info(k) is not None and not library and all(provably(lambda v=v: v.type.numel > 0)
+                                                                 for v in n.outputs):
+                transposed = self._k_major_weight(k, n.inputs, consts, options.tf32)
+                try:
+                    src, fn = self.kernel_for(k, target, options, interpret, transposed)
+                except Unsupported as e:  # (found while rendering: the kernel runs through torch)
+                    self.reasons[k.structural_key] = f"{k.name}: {e}"
+                    chosen[i] = str(e)
+                    continue
+                chosen[i] = (src, fn, transposed)
+            elif not all(provably(lambda v=v: v.type.numel == 0) for v in n.outputs):
+                chosen[i] = "matmul_executor='torch'" if library else (self.reason(k) or "not generated")
+        return chosen
+
+    def program(self, graph: Graph, options: Options, plan: Any, chosen: dict[int, Any],
+                values: dict | None = None) -> TritonProgram:
+        """The runnable program of a static graph with the kernels `_choose_kernels` chose; with
+        `values`, the graph is a symbolic graph specialized at these sizes and `chosen` its
+        kernels for a range of sizes (launched with the sizes as arguments)."""
+        device = _graph_device(graph)
+        interpret, _ = self._interpret_target(graph)
+        prog = TritonProgram(graph, device, cuda_graphs=options.cuda_graphs, interpret_mode=interpret)
         prog.bind_inputs()
-        prog.allocate(graph.meta.memory_plan)
-        dump = loader.dump_dir(options)
+        prog.allocate(plan)
+        dump = loader.dump_dir(options) if values is None else None
         uses_tma = False
         warm: dict[int, tuple[Any, KernelSource, list[torch.dtype]]] = {}
-        consts = {gi.value for gi in graph.inputs if gi.kind == "const"}
-        tf32 = options.tf32
-        for n in graph.nodes:
+        for i, n in enumerate(graph.nodes):
             if n.op != "kernel":
                 if not OPS[n.op].has("view"):
                     raise Unsupported(f"top-level {n.op} node: the triton backend runs kernels and views")
@@ -246,31 +304,29 @@ class TritonBackend:
                 prog.view_slots.add(out)
                 prog.add_step(Step("view", n.op, [prog.slot(n.inputs[0])], [out], node=n))
                 continue
+            if i not in chosen:
+                continue  # nothing to write: empty outputs are allocated and stay empty
             k: Kernel = n.attrs["kernel"]
             args = [prog.slot(v) for v in n.inputs]
             outs = [prog.slot(v) for v in n.outputs]
-            library = k.kind == "matmul" and options.matmul_executor == "torch"
             pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
-            if self.info(k) is not None and not library and all(v.type.numel > 0 for v in n.outputs):
-                transposed = self._k_major_weight(k, n.inputs, consts, tf32)
-                if transposed:
-                    (i,) = transposed
-                    args[i] = prog.transposed_const(args[i])
-                src, fn = self.kernel_for(k, target, options, interpret, transposed)
-                warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
-                uses_tma |= src.uses_tma
-                if dump is not None:
-                    loader.dump_source(dump, k.name, src.source)
-                prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret), body=k.body,
-                                   preallocated=pre, node=fn, source=src))
-            elif all(v.type.numel == 0 for v in n.outputs):
-                continue  # nothing to write: empty outputs are allocated and stay empty
-            else:
-                why = "matmul_executor='torch'" if library else (self.reason(k) or "not generated")
-                prog.add_step(Step("torch", k.name, args, outs, body=k.body, preallocated=pre, reason=why))
+            if isinstance(chosen[i], str):
+                body = k.body if values is None else specialize(k.body, values)
+                prog.add_step(Step("torch", k.name, args, outs, body=body, preallocated=pre, reason=chosen[i]))
+                continue
+            src, fn, transposed = chosen[i]
+            if transposed:
+                (t,) = transposed
+                args[t] = prog.transposed_const(args[t])
+            warm[id(fn)] = (fn, src, [v.type.dtype for v in n.inputs] + [v.type.dtype for v in n.outputs])
+            uses_tma |= src.uses_tma
+            if dump is not None:
+                loader.dump_source(dump, k.name, src.source)
+            prog.add_step(Step("triton", k.name, args, outs, launch=_launcher(fn, src, interpret, values), body=k.body,
+                               preallocated=pre, node=fn, source=src))
         if uses_tma:
             _install_tma_allocator(device)
-        if not interpret:
+        if not interpret and values is None:  # (kernels for a range of sizes compile at their first launch)
             failed, resources, note = _precompile(warm, options)
             prog.notes["precompile"] = note
             for st in prog.steps:
@@ -281,6 +337,34 @@ class TritonBackend:
         if dump is not None:
             (dump / "program.txt").write_text(prog.describe() + "\n")
         return prog
+
+
+def _reduction_schedule(rows: Any, cols: Any, live: int, widest: int,
+                        target: sched_gpu.GpuTarget) -> sched_gpu.ReductionSchedule:
+    """The configurator's reduction schedule; for symbolic sizes, planned at the hints, single
+    pass only where one block covers the longest row the ranges allow (else looped)."""
+    if not is_symbolic(cols):
+        return sched_gpu.reduction_schedule(hint(rows), cols, live, widest, target)
+    top = upper(cols)
+    if top is not None:
+        s = sched_gpu.reduction_schedule(hint(rows), top, live, widest, target)
+        if not s.looped and s.block_cols <= 4 * sched_gpu.pow2_ceil(hint(cols)):
+            return s  # (a single block a few times the planned row: not mostly masked lanes)
+    s = sched_gpu.reduction_schedule(hint(rows), max(hint(cols), 1 << 20), live, widest, target)
+    assert s.looped
+    return dataclasses.replace(s, block_cols=min(s.block_cols, max(128, sched_gpu.pow2_ceil(hint(cols)))))
+
+
+def is_symbolic_graph(graph: Graph) -> bool:
+    """Does the graph have symbolic sizes (its inputs, or a size input of its sizes)?"""
+    return any(gi.kind == "size" or is_symbolic(gi.value.type) for gi in graph.inputs)
+
+
+def _symbolic_body(kernel: Kernel) -> bool:
+    """Does the kernel's body have symbolic sizes (a program for a range of sizes)?"""
+    body = kernel.body
+    return (any(is_symbolic(gi.value.type) for gi in body.inputs) or any(is_symbolic(v.type) for v in body.outputs)
+            or any(is_symbolic(o.type) or is_symbolic(n.attrs) for n in body.nodes for o in n.outputs))
 
 
 def _bytes_read(info: BodyInfo) -> int:
@@ -304,12 +388,16 @@ def _graph_device(graph: Graph) -> str:
     return cuda[0] if cuda else "cpu"
 
 
-def _launcher(fn: Any, src: KernelSource, interpret: bool):
-    launch = fn[src.grid]
+def _launcher(fn: Any, src: KernelSource, interpret: bool, values: dict | None = None):
+    """fn launched over its grid; a kernel for a range of sizes over its grid at `values`, with
+    its size arguments."""
+    grid = src.grid if values is None else tuple(int(substitute(g, values)) for g in src.grid)
+    sizes = tuple(int(values[symbol(int(a[len(SYMBOL_PREFIX):]))]) for a in src.symbols) if src.symbols else ()
+    launch = fn[grid]
     opts = {"num_warps": src.num_warps, "num_stages": src.num_stages}
     if interpret:
-        return lambda *args: launch(*args, UPCAST=True)
-    return lambda *args: launch(*args, UPCAST=False, **opts)
+        return lambda *args: launch(*args, *sizes, UPCAST=True)
+    return lambda *args: launch(*args, *sizes, UPCAST=False, **opts)
 
 
 def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],

@@ -110,7 +110,7 @@ class BodyEmitter:
 
     # -- addressing -------------------------------------------------------------------------
     def offset(self, strides: tuple[int, ...], base: int = 0) -> tuple[str, frozenset[str]]:
-        parts = [str(base)] if base else []
+        parts = [f"{base}"] if base else []
         used = set()
         for ln in self.lanes:
             e = linear_offset(ln.var, [(self.info.space[d], strides[d]) for d in ln.dims])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...ir import Node
+from ...ir.symbolic import Sym
 from ...ir.types import is_float
 from ..body import NOT_GENERATED
 
@@ -55,6 +56,9 @@ def signbit(x: str, dtype: torch.dtype) -> str:
 def literal(value: float | int | bool, dtype: torch.dtype) -> str:
     """A 0-d Triton tensor holding `value` in the compute dtype of `dtype`."""
     cdt = tl_compute(dtype)
+    if isinstance(value, Sym):  # a size used as a number: the kernel's size arguments
+        return f"((tl.zeros([], tl.int64) + {value}) != 0)" if dtype == torch.bool else \
+            f"(tl.zeros([], {cdt}) + {value})"
     if dtype == torch.bool:
         return f"tl.full([], {1 if value else 0}, tl.int1)"
     if is_float(dtype):

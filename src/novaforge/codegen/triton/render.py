@@ -1,10 +1,14 @@
 """Rendering pointwise and row-reduction kernels as Triton source; the KernelSource record.
 
 Invariant: a rendered module defines one `@triton.jit` function `kernel(in0.., out0..,
-UPCAST)` taking the kernel's body inputs then outputs as contiguous buffers of their IR types
-(sizes and strides are compile-time literals: kernels are shape-specialized, as their
-structural keys are), and writes every element of every output exactly once per launch over
-`grid`. Reductions run single-pass when the schedule says the row fits one program, else as
+[s0..,] UPCAST)` taking the kernel's body inputs then outputs as contiguous buffers of their IR
+types, and writes every element of every output exactly once per launch over `grid`. Static
+sizes and strides are literals (kernels are shape-specialized, as their structural keys are);
+a kernel for a range of sizes, rendered inside `symbolic.formatting`, prints each symbolic size
+as an expression of integer size arguments (`s0..`, after the outputs, `KernelSource.symbols`)
+and its `grid` holds size expressions; every bound that depends on a size is then masked.
+
+Reductions run single-pass when the schedule says the row fits one program, else as
 column loops (one loop per wave of independent reductions, one for row-shaped outputs).
 """
 
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir import OPS, Value
+from ...ir.symbolic import current_formatting, provably
 from ...schedule.gpu import PointwiseSchedule, ReductionSchedule, cdiv
 from .analysis import BodyInfo
 from .emit import BodyEmitter, Lane, combine, identity, reduce_expr
@@ -35,6 +40,13 @@ class KernelSource:
     n_outputs: int
     schedule: Any
     uses_tma: bool = False
+    symbols: tuple[str, ...] = ()  # size arguments (after the outputs) of a kernel for a range of sizes
+
+
+def wide_index(info: BodyInfo) -> bool:
+    """64-bit indices: some buffer may reach WIDE elements (for symbolic sizes: unless the
+    ranges bound every buffer below it)."""
+    return not provably(lambda: info.max_span() < WIDE)
 
 
 def params(info: BodyInfo) -> tuple[list[str], list[str]]:
@@ -42,19 +54,28 @@ def params(info: BodyInfo) -> tuple[list[str], list[str]]:
 
 
 def assemble(info: BodyInfo, em: BodyEmitter, header: str, schedule: Any, extra_helpers: set[str] = frozenset()) -> str:
+    """The module's text. A kernel of symbolic sizes (rendered inside `symbolic.formatting`)
+    takes the symbols its code names as integer arguments after the outputs (`size_args`)."""
     ins, outs = params(info)
-    sig = ", ".join(ins + outs + ["UPCAST: tl.constexpr"])
+    sig = ", ".join(ins + outs + list(size_args()) + ["UPCAST: tl.constexpr"])
     lines = [f"# novaforge {info.kind} kernel {info.kernel.name}: {header}",
              f"# schedule {schedule.key()}; structural key {info.kernel.structural_key}",
              PRELUDE, helper_source(em.ctx.helpers | set(extra_helpers)), "", "@triton.jit", f"def kernel({sig}):"]
     return "\n".join(lines) + "\n" + "\n".join(em.lines) + "\n"
 
 
+def size_args() -> tuple[str, ...]:
+    """The size symbols printed so far in the open `formatting` context, in index order (none
+    outside one: a static kernel)."""
+    fmt = current_formatting()
+    return fmt.args() if fmt is not None else ()
+
+
 def render_pointwise(info: BodyInfo, sched: PointwiseSchedule) -> KernelSource:
     space = info.space
     numel = math.prod(space)
     block = sched.block
-    wide = info.max_span() >= WIDE
+    wide = wide_index(info)
     ins, outs = params(info)
     mask = None if numel % block == 0 else "xmask"
     em = BodyEmitter(info, [Lane("x", tuple(range(len(space))), mask)], ins)
@@ -97,7 +118,7 @@ def render_reduction(info: BodyInfo, sched: ReductionSchedule) -> KernelSource:
     rows = math.prod(space[d] for d in outer)
     cols = math.prod(space[d] for d in axes)
     br, bc = sched.block_rows, sched.block_cols
-    wide = info.max_span() >= WIDE
+    wide = wide_index(info)
     ins, outs = params(info)
     rmask = None if rows % br == 0 else "rmask"
     cmask = None if cols % bc == 0 else "cmask"

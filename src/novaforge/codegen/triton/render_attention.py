@@ -15,12 +15,13 @@ import math
 
 import torch
 
+from ...ir.symbolic import provably
 from ...ir.views import Strided
 from ...schedule.gpu import AttentionSchedule, cdiv
 from .analysis import BodyInfo, Unsupported, broadcast_strides
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset
-from .render import WIDE, KernelSource, assemble, params
+from .render import KernelSource, assemble, params, wide_index
 
 LOG2E = 1.4426950408889634
 
@@ -47,16 +48,15 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     scale = anchor.attrs["scale"]
     scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
     bm, bn, bd, bdv = sched.block_m, sched.block_n, sched.block_d, sched.block_dv
-    wide = info.max_span() >= WIDE
+    wide = wide_index(info)
     ins, outs = params(info)
     qs = _aligned_strides(lq.layout, batch_shape + (hq, length, e))
     ks = _aligned_strides(lk.layout, batch_shape + (hk, s, e))
     vs = _aligned_strides(lv.layout, batch_shape + (hk, s, ev))
-    if nbatch * hq > 65535:
-        raise Unsupported("too many (batch, head) pairs for the grid")
+    flat = not provably(lambda: nbatch * hq <= 65535)  # (the grid's second axis holds 65535)
 
     def base(leaf, strides, head: str) -> str:
-        parts = [str(leaf.layout.offset)] if leaf.layout.offset else []
+        parts = [f"{leaf.layout.offset}"] if leaf.layout.offset else []
         b = linear_offset("b", [(n, st) for n, st in zip(batch_shape, strides[:nb], strict=True)])
         if b != "0":
             parts.append(b)
@@ -69,8 +69,13 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     em = BodyEmitter(info, [Lane("bh", tuple(range(nb + 1)), None), Lane("om2", (nb + 1,), mmask),
                             Lane("od2", (nb + 2,), dvmask)], ins)
     L = em.line
-    L("pid_m = tl.program_id(0)")
-    L("bh = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+    if flat:  # one grid axis over (batch x head, query block), query blocks fastest
+        L("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
+        L(f"pid_m = pid % {cdiv(length, bm)}")
+        L(f"bh = pid // {cdiv(length, bm)}")
+    else:
+        L("pid_m = tl.program_id(0)")
+        L("bh = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
     L(f"b = bh // {hq}")
     L(f"h = bh % {hq}")
     L(f"hk = h // {group}")
@@ -155,10 +160,10 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
         L(f"hi = tl.minimum((pid_m + 1) * {bm}, {s})")
         key_blocks("0", "hi", s % bn != 0, True)
     elif mask_leaf is None and s % bn:
-        key_blocks("0", str(s_full), False, False)
-        key_blocks(str(s_full), str(s), True, False)
+        key_blocks("0", f"{s_full}", False, False)
+        key_blocks(f"{s_full}", f"{s}", True, False)
     else:
-        key_blocks("0", str(s), s % bn != 0, False)
+        key_blocks("0", f"{s}", s % bn != 0, False)
     L("o = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]")
     L("om2 = offs_m[:, None]")
     L("od2 = offs_dv[None, :]")
@@ -173,5 +178,6 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     header = (f"flash attention [{nbatch} x {hq} heads (kv {hk})] L={length} S={s} D={e} Dv={ev} "
               f"{'causal' if causal else ('masked' if mask is not None else 'full')}, {q.type.dtype}")
     src = assemble(info, em, header, sched)
-    return KernelSource(info.kernel.name, "attention", src, (cdiv(length, bm), nbatch * hq), sched.num_warps,
+    grid = (cdiv(length, bm) * nbatch * hq,) if flat else (cdiv(length, bm), nbatch * hq)
+    return KernelSource(info.kernel.name, "attention", src, grid, sched.num_warps,
                         sched.num_stages, len(ins), len(outs), sched)

@@ -16,7 +16,7 @@ from ...schedule.gpu import PointwiseSchedule, cdiv
 from .analysis import BodyInfo, Unsupported
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset
-from .render import WIDE, KernelSource, assemble, params
+from .render import KernelSource, assemble, params, wide_index
 
 
 def _coord(space: tuple[int, ...], d: int) -> str:
@@ -104,7 +104,7 @@ def render_gather(info: BodyInfo, sched: PointwiseSchedule) -> KernelSource:
     space = info.space
     numel = math.prod(space)
     block = sched.block
-    wide = info.max_span() >= WIDE
+    wide = wide_index(info)
     ins, outs = params(info)
     mask = None if numel % block == 0 else "xmask"
     em = BodyEmitter(info, [Lane("x", tuple(range(len(space))), mask)], ins)

@@ -16,12 +16,13 @@ import math
 
 import torch
 
+from ...ir.symbolic import is_symbolic, provably
 from ...ir.views import Strided
 from ...schedule.gpu import MatmulSchedule, cdiv
-from .analysis import BodyInfo, Unsupported
+from .analysis import BodyInfo
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset, single_stride
-from .render import WIDE, KernelSource, assemble, params
+from .render import KernelSource, assemble, params, wide_index
 
 
 def batch_strides(layout: Strided, space: tuple[int, ...], nb: int) -> list[int]:
@@ -56,8 +57,8 @@ class MatmulLayout:
         self.rows = math.prod(space[d] for d in self.fold) * self.m
         self.batch = math.prod(space[d] for d in self.grid_dims)
         self.dtype = a.type.dtype
-        if self.batch > 65535:
-            raise Unsupported(f"{self.batch} unfolded matmul batches exceed the grid")
+        # a batch the grid's second axis (65535) may not hold: one flat axis over (batch, tile)
+        self.flat = not provably(lambda: self.batch <= 65535)
 
     def a_row_dims(self) -> list[tuple[int, int]]:
         return [(self.space[d], self.a_bs[d]) for d in self.fold] + [(self.m, self.a_sm)]
@@ -70,7 +71,11 @@ class MatmulLayout:
 
     def tma_operands(self) -> tuple[str, str] | None:
         """('k'|'m', 'n'|'k'): which dim of A and B is contiguous, if tensor descriptors can
-        read them (one row stride, the other stride 1, 16-byte aligned strides and bases)."""
+        read them (one row stride, the other stride 1, 16-byte aligned strides and bases);
+        None for symbolic sizes (descriptors are built for static shapes here)."""
+        if is_symbolic(self.space) or is_symbolic(self.k) or is_symbolic([self.a_bs, self.b_bs, self.a_sm,
+                                                                        self.a_sk, self.b_sk, self.b_sn]):
+            return None
         e = torch.empty((), dtype=self.dtype).element_size()
         a_rs = single_stride(self.a_row_dims())
         if a_rs is None:
@@ -104,7 +109,7 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
     lay = MatmulLayout(info)
     bm, bn, bk = sched.block_m, sched.block_n, sched.block_k
     rows, n, k = lay.rows, lay.n, lay.k
-    wide = info.max_span() >= WIDE
+    wide = wide_index(info)
     ins, outs = params(info)
     a_ptr, b_ptr = ins[lay.la.buf], ins[lay.lb.buf]
     tma = lay.tma_operands() if sched.loader == "tma" else None
@@ -115,9 +120,9 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
                             Lane("rn2", (len(space) - 1,), nmask)], ins)
     L = em.line
     mn_tiles = cdiv(rows, bm) * cdiv(n, bn)
-    a_base = " + ".join(x for x in (str(lay.la.layout.offset) if lay.la.layout.offset else "", lay.a_batch())
+    a_base = " + ".join(x for x in (f"{lay.la.layout.offset}" if lay.la.layout.offset else "", lay.a_batch())
                         if x and x != "0") or "0"
-    b_base = " + ".join(x for x in (str(lay.lb.layout.offset) if lay.lb.layout.offset else "", lay.b_batch())
+    b_base = " + ".join(x for x in (f"{lay.lb.layout.offset}" if lay.lb.layout.offset else "", lay.b_batch())
                         if x and x != "0") or "0"
     # descriptors are made once per program, or once per tile when their bases move with the batch
     hoist = tma is not None and sched.persistent and lay.batch == 1
@@ -130,7 +135,7 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
         tiles = mn_tiles * lay.batch
         start = "tl.program_id(0)" + (".to(tl.int64)" if wide else "")
         with em.block(f"for tile in tl.range({start}, {tiles}, {sched.programs}, flatten=True):"):
-            if lay.batch > 1:
+            if lay.batch != 1:
                 L(f"pid_b = tile // {mn_tiles}")
                 L(f"pid = tile % {mn_tiles}")
             else:
@@ -138,15 +143,20 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
                 L("pid = tile")
             _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
     else:
-        L("pid = tl.program_id(0)")
-        L("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+        if lay.flat:
+            L("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
+            L(f"pid_b = pid // {mn_tiles}")
+            L(f"pid = pid % {mn_tiles}")
+        else:
+            L("pid = tl.program_id(0)")
+            L("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
         _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
     header = (f"[{lay.batch} x] ({rows} x {k}) @ ({k} x {n}), {lay.dtype}, "
               f"loader {'tma ' + '/'.join(tma) if tma else 'pointer'}"
               + (f", persistent over {sched.programs} programs, epilogue in {sched.subtile} subtiles"
                  if sched.persistent else ""))
     src = assemble(info, em, header, sched)
-    grid = (sched.programs, 1) if sched.persistent else (mn_tiles, lay.batch)
+    grid = (sched.programs, 1) if sched.persistent else (mn_tiles * lay.batch, 1) if lay.flat else (mn_tiles, lay.batch)
     return KernelSource(info.kernel.name, "matmul", src, grid, sched.num_warps, sched.num_stages, len(ins), len(outs),
                         sched, uses_tma=tma is not None)
 
