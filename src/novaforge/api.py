@@ -102,6 +102,7 @@ class CompiledModule:
         return getattr(fn, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat = None
         if not kwargs and all(type(a) is torch.Tensor for a in args):
             # fast path (no pytree work): positional plain tensors; keyed apart from the general path
             tensors, objs, spec_key = list(args), [], len(args)
@@ -116,7 +117,7 @@ class CompiledModule:
             self._maybe_automatic_dynamic(key)
         shared = None
         if entry is None and self.dynamic is not None and self.options.symbolic_programs:
-            entry = shared = self._shared_instance(key, args, kwargs)  # (its binding refreshed)
+            entry = shared = self._shared_instance(key, args, kwargs, flat)  # (its binding refreshed)
         if entry is None and not self.tiering.should_build(key):
             return self._eager_tier(key, args, kwargs)
         if shared is None and (entry is None or not entry.binding.refresh()):
@@ -160,7 +161,7 @@ class CompiledModule:
         _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
                           "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
 
-    def _shared_instance(self, key: tuple, args: tuple, kwargs: dict) -> _Entry | None:
+    def _shared_instance(self, key: tuple, args: tuple, kwargs: dict, flat: Any = None) -> _Entry | None:
         """The entry of this call's sizes from its structure's shared program (one program for
         every size of a symbolic capture, built on the structure's first call), or None (no
         shared program: the call is compiled per size, tiered). Entries of the last sizes made
@@ -169,7 +170,7 @@ class CompiledModule:
         if entry is not None and entry.binding.refresh():
             return entry
         with self._lock:
-            bound = self.dynamic.bound(args, kwargs)
+            bound = self.dynamic.bound(args, kwargs, flat)
             if bound is None:
                 return None
             skey, cap, values = bound

@@ -86,10 +86,12 @@ class SymbolicCaptures:
         with contextlib.suppress(OutsideRange):
             dynamic_dims(self._by_index(args, kwargs, len(tensors)), tensors)
 
-    def bound(self, args: tuple, kwargs: dict) -> tuple[Any, Captured, dict] | None:
+    def bound(self, args: tuple, kwargs: dict, flat: Any = None) -> tuple[Any, Captured, dict] | None:
         """(structure key, symbolic capture, symbol values) of a call, tracing its structure on
-        first sight; None when the call is compiled for its own sizes (see the module docstring)."""
-        flat = pytrees.flatten((tuple(args), dict(kwargs)))
+        first sight; None when the call is compiled for its own sizes (see the module docstring).
+        `flat`: the call's pytree flattening, where the caller has it."""
+        if flat is None:
+            flat = pytrees.flatten((tuple(args), dict(kwargs)))
         tensors = list(flat.leaves)
         try:
             dims = dynamic_dims(self._by_index(args, kwargs, len(tensors)), tensors)

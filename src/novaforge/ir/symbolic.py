@@ -315,6 +315,27 @@ def tl_expr(expr: sympy.Expr) -> str:
     return py_expr(expr, triton=True)
 
 
+_SHAPERS: dict[tuple, Any] = {}
+
+
+def shape_evaluator(shape: tuple) -> Any:
+    """A compiled function {symbol: int} -> the shape's ints (one Python lambda over its
+    symbols: a program for a range of sizes evaluates every per-size type once per new size)."""
+    fn = _SHAPERS.get(shape)
+    if fn is None:
+        syms = sorted({s for d in shape if isinstance(d, Sym) for s in d.expr.free_symbols}, key=str)
+        dims = ", ".join(py_expr(d.expr) if isinstance(d, Sym) else str(int(d)) for d in shape)
+        body = eval(f"lambda {', '.join(s.name for s in syms)}: ({dims},)", {"max": max, "min": min})  # noqa: S307
+
+        def fn(values: Mapping[sympy.Symbol, int], body: Any = body, syms: list = syms) -> tuple[int, ...]:
+            return body(*[int(values[s]) for s in syms])
+
+        if len(_SHAPERS) > 65536:
+            _SHAPERS.clear()
+        _SHAPERS[shape] = fn
+    return fn
+
+
 def py_expr(expr: sympy.Expr, triton: bool = False) -> str:
     """A size expression as exact integer Python (`//` and `%` for floor and Mod)."""
     if triton:

@@ -38,7 +38,7 @@ from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
 from ..ir.graph import Attrs
 from ..ir.specialize import python_scalar, specialize
-from ..ir.symbolic import is_symbolic, substitute
+from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
@@ -183,6 +183,13 @@ def _step_at(st: StepSpec, values: Mapping[Any, int]) -> StepSpec:
                                body=specialize(st.body, values) if st.body is not None else None)
 
 
+def _copy_slot(spec: SlotSpec) -> SlotSpec:
+    """A shallow copy (an instance's own slot; copy.copy costs ten times as much)."""
+    new = object.__new__(SlotSpec)
+    new.__dict__.update(spec.__dict__)
+    return new
+
+
 def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
     return t.as_strided(lay.shape, lay.strides, t.storage_offset() + lay.offset)
 
@@ -205,6 +212,7 @@ class SymbolicLayout:
     buckets: dict[tuple, _Bucket] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _per_size: list[int] | None = None
+    _shapes: list | None = None
     _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
 
     def per_size_slots(self, slots: list[SlotSpec]) -> list[int]:
@@ -214,6 +222,13 @@ class SymbolicLayout:
             self._per_size = [s for s, spec in enumerate(slots)
                               if spec.kind in ("arena", "scratch", "sized") or is_symbolic(spec.type)]
         return self._per_size
+
+    def slot_shapes(self, slots: list[SlotSpec]) -> list[tuple[int, Callable[[Mapping[Any, int]], tuple] | None]]:
+        """(slot, its shape's compiled evaluator, or None for a static type) per per-size slot."""
+        if self._shapes is None:
+            self._shapes = [(s, shape_evaluator(slots[s].type.shape) if is_symbolic(slots[s].type) else None)
+                            for s in self.per_size_slots(slots)]
+        return self._shapes
 
     def evaluate(self, slot: int, recipe: Graph, values: Mapping[Any, int]) -> torch.Tensor:
         """A sized slot's value at these sizes (its recipe's ops run by torch; the recipe
@@ -301,8 +316,10 @@ class CpuProgram:
         bucket = sym.bucket_for(values)
         plan = bucket.plan
         slots = list(self.slots)  # slots of static type and place are shared; the others copied
-        for s in sym.per_size_slots(self.slots):
-            spec = slots[s] = dataclasses.replace(self.slots[s], type=substitute(self.slots[s].type, values))
+        for s, shape_at in sym.slot_shapes(self.slots):
+            spec = slots[s] = _copy_slot(self.slots[s])
+            if shape_at is not None:
+                spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
             if spec.kind == "sized":
                 spec.tensor = sym.evaluate(s, spec.recipe, values)
                 if spec.causal and _is_causal_triangle(spec.tensor):
@@ -338,6 +355,7 @@ class CpuProgram:
                 bucket.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
             self.arena = bucket.arena
         base = self.arena.data_ptr()
+        viewed = self._slots_read_as_tensors()
         for s, spec in enumerate(self.slots):
             if spec.kind == "sized" and spec.tensor is None:  # (a causal mask: see `at`)
                 self._ptrs[s] = None
@@ -350,10 +368,10 @@ class CpuProgram:
                 self._env[s] = t
                 self._ptrs[s] = t.data_ptr()
             elif spec.kind in ("arena", "scratch"):
-                nbytes = spec.type.nbytes
-                view = self.arena[spec.index:spec.index + nbytes].view(spec.type.dtype).view(spec.type.shape)
-                self._env[s] = view
                 self._ptrs[s] = base + spec.index
+                if viewed is None or s in viewed:  # (generated code needs the address alone)
+                    buf = self.arena[spec.index:spec.index + spec.type.nbytes]
+                    self._env[s] = buf.view(spec.type.dtype).view(spec.type.shape)
             elif spec.kind == "input":
                 self._inputs.append((s, spec.index, spec.type))
                 if spec.written:
@@ -365,6 +383,20 @@ class CpuProgram:
             self._runners = [self._timed(i, r) for i, r in enumerate(self._runners)]
         self._out_slots = [o.slot for o in self.outputs] if all(o.kind == "slot" for o in self.outputs) else None
         self._ready = True
+
+    def _slots_read_as_tensors(self) -> set[int] | None:
+        """Slots a step outside the generated code or an output reads as a tensor (None: all
+        of them, for an observer that checks every kernel's values)."""
+        if self.observer is not None:
+            return None
+        used = {o.slot for o in self.outputs if o.kind == "slot"}
+        for st in self.steps:
+            if st.kind != "seg":
+                used.update(s for s, _ in st.operands)
+                used.update(st.ins)
+                used.update(st.outs)
+                used.add(st.out)
+        return used
 
     # ------------------------------------------------------------------------ steps
     def _make_runner(self, st: StepSpec) -> Callable[[], None]:
