@@ -13,7 +13,10 @@ What the compiler sees and how it is handled:
 * Example inputs are fake tensors and SymInts, and the compiler is called while Dynamo's fake
   mode is active. All our compile work (constant folding, lowering constants) happens with
   that mode switched off, so `get_attr` / lifted constants stay real tensors bound at run time.
-* A graph with static example inputs compiles at once. A graph Dynamo made dynamic (SymInt
+* A graph with static example inputs compiles at once, unless it is a recompile of a frame
+  (its sizes or other guards changed: Dynamo's automatic dynamic usually follows with one graph
+  for every size, as `generate()`'s first decode step shows): that one runs as its ATen graph
+  until its calls have cost one build (`runtime/tiering.py`). A graph Dynamo made dynamic (SymInt
   inputs or symbolic sizes) is lowered once with symbolic sizes and, on a backend that builds
   programs for a range of sizes (the CPU backend), built once at its first call: every size
   the symbol table admits then runs that program (`CpuProgram.at`, no build per size). Where
@@ -90,6 +93,17 @@ def _decompositions() -> dict[Any, Any]:
     return table
 
 
+def _is_recompile() -> bool:
+    """Is Dynamo compiling a frame it compiled before (a guard failed: new sizes, dtypes, ...)?"""
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        return cid is not None and (getattr(cid, "frame_compile_id", 0) or 0) > 0
+    except Exception:  # noqa: BLE001 - (an older or newer torch without it: build at once, as before)
+        return False
+
+
 def _is_static(inputs: Sequence[Any]) -> bool:
     for x in inputs:
         if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -145,10 +159,17 @@ class _AtenGraphProgram:
         self.fallbacks: list[Fallback] = []
         self._lock = threading.Lock()
         static = _is_static(example_inputs)
-        self.tiering = Tiering(self.options.tiered and not static)
+        # a static recompile of a frame (its sizes changed; Dynamo's automatic dynamic usually
+        # follows with a graph for every size, as generate's first decode step shows) builds
+        # once its eager calls cost one build, like a new size of a dynamic graph
+        self.deferred = static and not part and self.options.tiered and _is_recompile()
+        self.tiering = Tiering(self.options.tiered and (not static or self.deferred))
         log.info("graph received (%s), %s inputs%s", _describe_graph(gm), len(example_inputs),
-                 "" if static else ", dynamic: compiled per concrete signature")
-        if static:
+                 "" if not static else ", a recompile: built once its calls cost one build" if self.deferred
+                 else "")
+        if self.deferred:
+            self.shared = self.parts = False  # (no symbolic lowering, no static parts: eager until built)
+        elif static:
             self.programs[_signature(example_inputs)] = self._build_or_fallback(gm)
 
     def _build_or_fallback(self, gm: torch.fx.GraphModule) -> Any:
@@ -235,7 +256,7 @@ class _AtenGraphProgram:
             with self._lock:  # concurrent first calls of one signature compile it once
                 runner = self.programs.get(key)
                 if runner is None:
-                    runner = self._specialize(args)
+                    runner = self._build_or_fallback(self.gm) if self.deferred else self._specialize(args)
                     self.tiering.built(key)
                     self.programs[key] = runner
         return runner(args)
