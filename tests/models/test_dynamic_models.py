@@ -85,3 +85,36 @@ def test_dynamo_dynamic_gpt2_keeps_attention_fused():
         body_ops = [b.op for n in g.nodes if n.op == "kernel" for b in n.attrs["kernel"].body.nodes]
         assert body_ops.count("attention") == 2, body_ops
         assert "extern" not in body_ops, body_ops
+
+
+def test_dynamo_training_at_several_lengths_builds_one_forward_and_one_backward():
+    """Variable-length training through torch.compile: Dynamo makes the graphs dynamic at the
+    second length; AOTAutograd's forward and backward (with sdpa's flash forward and backward
+    kept as ATen calls of symbolic output sizes) are each built once for every later length, and
+    the losses follow eager's."""
+    import copy
+
+    import transformers as tf
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=256)
+    model = tf.LlamaForCausalLM(cfg)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="novaforge", options={"fallback": "raise", "tiered": False})
+    opt, opt_ref = torch.optim.AdamW(model.parameters(), 1e-3), torch.optim.AdamW(ref.parameters(), 1e-3)
+    built, shared = dynamo.PROGRAMS_BUILT[0], dynamo.SHARED_PROGRAMS[0]
+    for n in (16, 24, 16, 31, 40):
+        ids = torch.randint(1, 256, (2, n))
+        loss = compiled(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want = ref(ids, labels=ids).loss
+        want.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item()), n
+    # the first length static (forward, backward), then one shared forward and backward
+    assert dynamo.SHARED_PROGRAMS[0] - shared == 2 and dynamo.PROGRAMS_BUILT[0] - built == 4

@@ -274,11 +274,16 @@ class LowerCtx:
             conv = active_converter()
             vals = n.meta.get("val") if isinstance(n.meta.get("val"), list | tuple) else [n.meta.get("val")]
             sizes = [d for v in vals if isinstance(v, torch.Tensor) for d in v.shape]
-            if conv is not None and all(conv.dim(d) is not None for d in sizes):  # symbols of the sizes, not data
-                raise UnsupportedError(self.describe("an ATen call kept as such (extern) with symbolic output "
-                                                     "sizes is not supported yet: compiled per size"))
-            raise UnsupportedError(self.describe("output shape depends on tensor data (data-dependent "
-                                                 "shape); novaforge compiles static shapes only"))
+            if conv is None or not all(conv.dim(d) is not None for d in sizes):
+                raise UnsupportedError(self.describe("output shape depends on tensor data (data-dependent "
+                                                     "shape); novaforge compiles static shapes only"))
+            # output sizes are expressions of the capture's symbols: the call runs on each call's
+            # tensors with its types specialized per size, unless a size is one of its arguments
+            if any(isinstance(a, torch.fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor)
+                   for a in _flat_args(n)):
+                raise UnsupportedError(self.describe("an ATen call kept as such (extern) with a size argument "
+                                                     "and symbolic output sizes is not supported yet: compiled "
+                                                     "per size"))
         val = n.meta.get("val")
         keep = None  # results that ATen leaves None (convolution_backward's unrequested gradients)
         if isinstance(val, list | tuple) and any(v is None for v in val):
@@ -304,6 +309,12 @@ class LowerCtx:
                 results[i] = o
             return tuple(results)
         return tuple(node.outputs) if isinstance(val, list | tuple) else node.out
+
+
+def _flat_args(n: torch.fx.Node) -> list[Any]:
+    out: list[Any] = []
+    torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: out.append(a) or a)
+    return out
 
 
 def _target_name(target: Any) -> str:
