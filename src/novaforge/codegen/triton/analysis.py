@@ -113,8 +113,9 @@ def analyze(kernel: Kernel, transposed: frozenset[int] = frozenset()) -> BodyInf
             op = computed[0].op
             raise Unsupported(not_rendered(op) if op in NOT_RENDERED else f"single {op} kernels run through torch")
         anchor = computed[0]
-        for v in anchor.inputs:
-            if v not in leaves or leaves[v].buf is None:
+        for i, v in enumerate(anchor.inputs):
+            iota_index = anchor.op == "take" and i == 1 and v in leaves and leaves[v].kind == "iota"
+            if v not in leaves or (leaves[v].buf is None and not iota_index):  # (positions: an arange)
                 raise Unsupported(f"{anchor.op} operand is not a view of a kernel input")
         if anchor.op in ("take", "gather") and anchor.inputs[1].type.dtype not in (torch.int64, torch.int32):
             raise Unsupported(f"{anchor.op} with non-integer indices")

@@ -1,9 +1,10 @@
 """Rendering `take` (embedding lookups, index_select), `gather` and `cat` single kernels.
 
 Invariant: the kernel is pointwise over the node's output space; each lane computes its own
-coordinates, reads the index (take) or picks the input whose slice along the axis holds its
-coordinate (cat), and loads one element through the operand's view strides. Indices are assumed
-in range, as the IR's `take` specifies; every load is masked to the lane's own input.
+coordinates, reads the index (take; an arange index is computed from the coordinates) or picks
+the input whose slice along the axis holds its coordinate (cat), and loads one element through
+the operand's view strides. Indices are assumed in range, as the IR's `take` specifies; every
+load is masked to the lane's own input.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     i_strides += (0,) * (len(space) - ax - ri)
     off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
-    em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    if li.kind == "iota":  # an arange as the index (positions of a symbolic length): computed, not read
+        em.line(f"ix = ({off_i}).to(tl.int64) * {li.step!r} + {li.start!r}")
+    else:
+        em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(lx.layout.strides[:ax]) + (0,) * ri + tuple(lx.layout.strides[ax + 1:])
     off_x, _ = em.offset(x_strides, lx.layout.offset)
     text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
@@ -61,7 +65,10 @@ def _emit_gather(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     i_strides = tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
     off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
     m_i = em.mask_for(used_i)
-    em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    if li.kind == "iota":  # an arange as the index (positions of a symbolic length): computed, not read
+        em.line(f"ix = ({off_i}).to(tl.int64) * {li.step!r} + {li.start!r}")
+    else:
+        em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
     x_strides = tuple(0 if d == ax else s for d, s in enumerate(lx.layout.strides))
     off_x, _ = em.offset(x_strides, lx.layout.offset)
     text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
