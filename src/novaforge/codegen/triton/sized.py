@@ -27,7 +27,7 @@ from ...ir import Graph, Value
 from ...ir.specialize import specialize
 from ...ir.symbolic import Sym, context_signature, graph_symbols, hint
 from ...options import Options
-from .program import TritonProgram
+from .program import Step, TritonProgram
 
 
 class SizedTritonProgram:
@@ -50,8 +50,18 @@ class SizedTritonProgram:
         return [c[0] for _, c in sorted(self.chosen.items()) if not isinstance(c, str)]
 
     @property
-    def steps(self) -> list[Any]:  # (what tests and reports count: one line per kernel node)
-        return self.at_hints().steps
+    def steps(self) -> list[Step]:
+        """One step per kernel node and top-level view, as an instance's (kind, title, and the
+        generated source or the reason for torch), without instantiating one."""
+        out = []
+        for i, n in enumerate(self.graph.nodes):
+            if n.op != "kernel":
+                out.append(Step("view", n.op, [], []))
+            elif i in self.chosen:
+                c, name = self.chosen[i], n.attrs["kernel"].name
+                out.append(Step("torch", name, [], [], reason=c) if isinstance(c, str) else
+                           Step("triton", name, [], [], source=c[0]))
+        return out
 
     def at(self, values: Mapping[Any, int]) -> TritonProgram:
         """The program at these symbol values (see the module invariant)."""
