@@ -49,6 +49,37 @@ def test_second_compile_hits_and_matches(cache_dir):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_bookkeeping_generate_sets_on_the_config_does_not_change_the_key(cache_dir):
+    """generate() sets `generation_config._original_object_hash` lazily: a key including it
+    depended on whether some earlier call had run generate (a miss in one test order)."""
+    model, ids = _gpt2(), torch.randint(0, 64, (1, 10))
+    model.generation_config.__dict__.pop("_original_object_hash", None)
+    _run(model, ids)
+    model.generation_config._original_object_hash = 12345
+    c2, _ = _run(model, ids)
+    assert c2.stats().times.get("graph_cache_hit") == 1.0
+
+
+def test_descriptions_of_freed_temporaries_are_not_reused():
+    """The description memo is keyed by id: CPython gives the second temporary dict the first
+    one's freed address, which returned the first description (so one config's private
+    settings stood for another's, and keys depended on allocation order)."""
+    memo: dict = {}
+    first = graph_cache._describe({"x": 1}, memo)
+    second = graph_cache._describe({"y": 2}, memo)
+    assert (first, second) == ("{'x':1}", "{'y':2}")
+
+
+def test_private_settings_of_every_config_enter_the_key():
+    """Each transformers config's private settings are in the key, the second config's too (a
+    description memo keyed by the id of a freed temporary gave it the first one's)."""
+    model, ids = _gpt2(), torch.randint(0, 64, (1, 10))
+    flat = pytrees.flatten(((ids,), {}))
+    before = graph_cache.key_for(model, flat, True, {})
+    model.generation_config._from_model_config = not model.generation_config._from_model_config
+    assert graph_cache.key_for(model, flat, True, {}) != before
+
+
 def test_new_weights_are_read_at_load_not_cached(cache_dir):
     ids = torch.randint(0, 64, (1, 10))
     _run(_gpt2(), ids)

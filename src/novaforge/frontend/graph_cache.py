@@ -100,12 +100,17 @@ def _file_digest(cls: type) -> str:
     return d
 
 
-def _describe(v: Any, memo: dict[int, str], depth: int = 0) -> str:
-    """A stable description of an attribute value, or _NoKey."""
+_CONFIG_BOOKKEEPING = frozenset({"_original_object_hash", "_commit_hash"})  # transformers' config metadata
+
+
+def _describe(v: Any, memo: dict[int, tuple[Any, str]], depth: int = 0) -> str:
+    """A stable description of an attribute value, or _NoKey. `memo` keeps each described
+    object alive beside its description: an id is unique only while its object lives (a
+    temporary's id, reused by the next temporary, returned a stale description)."""
     if v is None or isinstance(v, bool | int | float | str | bytes | torch.dtype | torch.device):
         return repr(v)
     if id(v) in memo:
-        return memo[id(v)]
+        return memo[id(v)][1]
     if isinstance(v, torch.Tensor):
         if v.device.type == "meta" or v.numel() * v.element_size() > INLINE_CONST_BYTES:
             raise _NoKey("a large or data-less tensor attribute")
@@ -126,7 +131,8 @@ def _describe(v: Any, memo: dict[int, str], depth: int = 0) -> str:
             out += ":" + hashlib.sha256(code.co_code).hexdigest()[:16]
     elif hasattr(v, "to_json_string") and callable(v.to_json_string):  # a transformers config
         # its JSON leaves out private settings that steer the traced code (_attn_implementation)
-        private = {k: x for k, x in sorted(vars(v).items()) if k.startswith("_")}
+        # (but not the bookkeeping generate() sets lazily: the key would depend on call order)
+        private = {k: x for k, x in sorted(vars(v).items()) if k.startswith("_") and k not in _CONFIG_BOOKKEEPING}
         out = f"{_class_path(type(v))}:{v.to_json_string(use_diff=False)}:{_describe(private, memo, depth + 1)}"
     elif isinstance(v, torch.nn.Module):
         out = f"module {_class_path(type(v))}"  # described where it is a submodule
@@ -138,13 +144,13 @@ def _describe(v: Any, memo: dict[int, str], depth: int = 0) -> str:
         if " at 0x" in r:
             raise _NoKey(f"no stable description of a {type(v).__name__}")
         out = f"{type(v).__name__}:{r}"
-    memo[id(v)] = out
+    memo[id(v)] = (v, out)
     return out
 
 
 def _module_parts(mod: torch.nn.Module) -> list[str]:
     parts: list[str] = []
-    memo: dict[int, str] = {}
+    memo: dict[int, tuple[Any, str]] = {}
     for name, sub in mod.named_modules(remove_duplicate=False):
         cls = type(sub)
         parts.append(f"M {name} {_class_path(cls)} {sub.training}")
