@@ -183,5 +183,5 @@ def test_worker_generates_with_a_dynamic_cache_on_two_programs(tmp_path):
             "warmup": 1, "budget_s": 30.0, "nf_backend": "auto", "max_size": 64, "workdir": str(tmp_path / "w"),
             "workload": "gpt2-generate-tiny", "batch": 1, "seq": 8, "new_tokens": 6}
     (row,) = worker.measure(spec)["rows"]
-    assert row["tokens_equal"] and row["new_tokens"] == 6
+    assert row["tokens_equal"] and row["new_tokens"] == 6 and row["setup_info"]["cache"] == "dynamic"
     assert row["programs_after"] == 2  # the prefill and one decode program for every cache length
