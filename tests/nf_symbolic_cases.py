@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import novaforge
+
 
 def _rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, dtype=dtype)
@@ -73,3 +75,19 @@ CASES = [
     ("size-as-number", lambda x: x / x.shape[0] + x.mean(0), lambda n: (_rand(n, 12),), {0: {0: (2, 4096)}},
      (3, 50)),
 ]
+
+
+def run_case(name: str, backend: str):
+    """Compile case `name` once on `backend` with its dynamic spec, run it at every size (and
+    the first again) against eager, check that one build served them all; the compiled callable."""
+    _, fn, make, spec, sizes = next(c for c in CASES if c[0] == name)
+    torch.manual_seed(0)
+    c = novaforge.compile(fn, backend=backend, freeze=True, dynamic=spec, tiered=False)
+    with torch.no_grad():
+        for n in list(sizes) + [sizes[0]]:
+            args = make(n)
+            want, got = fn(*args), c(*args)
+            assert got.shape == want.shape and got.dtype == want.dtype, (n, got.shape, want.shape)
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert c.compilations == 1, "one build serves every size"
+    return c

@@ -279,8 +279,7 @@ class LowerCtx:
                                                      "shape); novaforge compiles static shapes only"))
             # output sizes are expressions of the capture's symbols: the call runs on each call's
             # tensors with its types specialized per size, unless a size is one of its arguments
-            if any(isinstance(a, torch.fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor)
-                   for a in _flat_args(n)):
+            if any(not isinstance(a.meta.get("val"), torch.Tensor) for a in n.all_input_nodes):
                 raise UnsupportedError(self.describe("an ATen call kept as such (extern) with a size argument "
                                                      "and symbolic output sizes is not supported yet: compiled "
                                                      "per size"))
@@ -309,12 +308,6 @@ class LowerCtx:
                 results[i] = o
             return tuple(results)
         return tuple(node.outputs) if isinstance(val, list | tuple) else node.out
-
-
-def _flat_args(n: torch.fx.Node) -> list[Any]:
-    out: list[Any] = []
-    torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: out.append(a) or a)
-    return out
 
 
 def _target_name(target: Any) -> str:

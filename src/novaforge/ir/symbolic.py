@@ -195,7 +195,7 @@ class Sym:
     def __format__(self, spec: str) -> str:
         """In an f-string, a Sym is its C++ expression (`768*s0`, `nf_floordiv_i(s0 + 1, 2)`):
         the code generators interpolate sizes this way, and a generated function declares each
-        symbol it names (`const int64_t s0 = nf_sym[0];`). Inside `formatting("triton")` it is
+        symbol it names (`const int64_t s0 = nf_sym[0];`). Inside `formatting()` it is
         the Triton expression over the kernel's size arguments (`tl_expr`), and the symbols
         are recorded. `str()` keeps sympy's form."""
         if spec:
@@ -208,7 +208,7 @@ class Sym:
 
     def subs(self, values: Mapping[sympy.Symbol, int]) -> int | Sym:
         try:  # the common case, every symbol has a value: a compiled evaluator
-            return evaluator(self.expr)(values)
+            return _compiled((self.expr,))(values)[0]
         except KeyError:
             return as_dim(self.expr.subs(values))
 
@@ -255,26 +255,38 @@ def c_expr(expr: sympy.Expr) -> str:
     raise SymbolicDecision(f"size {expr} has no C++ form")
 
 
-_EVALUATORS: dict[sympy.Expr, Any] = {}
+_EVALUATORS: dict[Any, Any] = {}
+
+
+def _compiled(exprs: tuple[sympy.Expr, ...]) -> Any:
+    """One Python lambda over the symbols of `exprs`: {symbol: int} -> their ints, as a tuple
+    (a KeyError for a symbol without a value)."""
+    fn = _EVALUATORS.get(exprs)
+    if fn is None:
+        syms = sorted(set().union(*(e.free_symbols for e in exprs)), key=str)
+        code = ", ".join(py_expr(e) for e in exprs)
+        body = eval(f"lambda {', '.join(s.name for s in syms)}: ({code},)", {"max": max, "min": min})  # noqa: S307
+
+        def fn(values: Mapping[sympy.Symbol, int], body: Any = body, syms: list = syms) -> tuple[int, ...]:
+            return body(*[int(values[s]) for s in syms])
+
+        if len(_EVALUATORS) > 65536:
+            _EVALUATORS.clear()
+        _EVALUATORS[exprs] = fn
+    return fn
 
 
 def evaluator(expr: sympy.Expr) -> Any:
     """A compiled function {symbol: int} -> int for a size expression (sympy's `subs` costs
     tens of microseconds; a program for a range of sizes evaluates hundreds per new size)."""
-    fn = _EVALUATORS.get(expr)
-    if fn is None:
-        names = sorted(str(s) for s in expr.free_symbols)
-        code = py_expr(expr)
-        body = eval(f"lambda {', '.join(names)}: {code}", {"max": max, "min": min})  # noqa: S307 - our own text
-        syms = [sympy.Symbol(n, integer=True, positive=True) for n in names]
+    fn = _compiled((expr,))
+    return lambda values: int(fn(values)[0])
 
-        def fn(values: Mapping[sympy.Symbol, int], body: Any = body, syms: list = syms) -> int:
-            return int(body(*[int(values[s]) for s in syms]))
 
-        if len(_EVALUATORS) > 65536:
-            _EVALUATORS.clear()
-        _EVALUATORS[expr] = fn
-    return fn
+def shape_evaluator(shape: tuple) -> Any:
+    """A compiled function {symbol: int} -> the shape's ints (one lambda for all its dims: a
+    program for a range of sizes evaluates every per-size type once per new size)."""
+    return _compiled(tuple(_expr(d) for d in shape))
 
 
 _FORMAT = threading.local()  # the open `formatting` context (Syms print for Triton)
@@ -285,9 +297,7 @@ class formatting:
     named as the symbols; `used` collects every symbol printed, `args()` names them in index
     order (a kernel's size parameters)."""
 
-    def __init__(self, lang: str = "triton") -> None:
-        if lang != "triton":
-            raise ValueError(f"no symbolic formatting for {lang!r}")
+    def __init__(self) -> None:
         self.used: set[sympy.Symbol] = set()
 
     def args(self) -> tuple[str, ...]:
@@ -313,27 +323,6 @@ def tl_expr(expr: sympy.Expr) -> str:
     through a non-negative remainder (`-floor(-s0/16)`, a ceiling, is common). Divisors are
     positive sizes."""
     return py_expr(expr, triton=True)
-
-
-_SHAPERS: dict[tuple, Any] = {}
-
-
-def shape_evaluator(shape: tuple) -> Any:
-    """A compiled function {symbol: int} -> the shape's ints (one Python lambda over its
-    symbols: a program for a range of sizes evaluates every per-size type once per new size)."""
-    fn = _SHAPERS.get(shape)
-    if fn is None:
-        syms = sorted({s for d in shape if isinstance(d, Sym) for s in d.expr.free_symbols}, key=str)
-        dims = ", ".join(py_expr(d.expr) if isinstance(d, Sym) else str(int(d)) for d in shape)
-        body = eval(f"lambda {', '.join(s.name for s in syms)}: ({dims},)", {"max": max, "min": min})  # noqa: S307
-
-        def fn(values: Mapping[sympy.Symbol, int], body: Any = body, syms: list = syms) -> tuple[int, ...]:
-            return body(*[int(values[s]) for s in syms])
-
-        if len(_SHAPERS) > 65536:
-            _SHAPERS.clear()
-        _SHAPERS[shape] = fn
-    return fn
 
 
 def py_expr(expr: sympy.Expr, triton: bool = False) -> str:

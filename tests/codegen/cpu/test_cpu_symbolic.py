@@ -16,23 +16,14 @@ import torch
 import torch.nn.functional as F
 
 import novaforge
-from nf_symbolic_cases import B48, CASES, W32x48, _rand
+from nf_symbolic_cases import B48, CASES, W32x48, _rand, run_case
 from novaforge.ir.symbolic import Sym, as_dim, c_expr, py_expr, symbol
 from novaforge.runtime.cpu_program import bucket_size
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_one_program_serves_every_size(name):
-    _, fn, make, spec, sizes = next(c for c in CASES if c[0] == name)
-    torch.manual_seed(0)
-    c = novaforge.compile(fn, backend="cpu", freeze=True, dynamic=spec, tiered=False)
-    with torch.no_grad():
-        for n in list(sizes) + [sizes[0]]:
-            args = make(n)
-            want, got = fn(*args), c(*args)
-            assert got.shape == want.shape and got.dtype == want.dtype, (n, got.shape, want.shape)
-            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-    assert c.compilations == 1, "one build serves every size"
+    c = run_case(name, "cpu")
     prog = c.stats().program
     assert prog.symbolic is not None and prog.info["torch"] == 0, prog.info["fallbacks"]
 

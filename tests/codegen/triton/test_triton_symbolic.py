@@ -12,7 +12,7 @@ import sympy
 import torch
 
 import novaforge
-from nf_symbolic_cases import CASES, _rand
+from nf_symbolic_cases import CASES, _rand, run_case
 from novaforge.codegen.triton.sized import SizedTritonProgram
 from novaforge.frontend import dynamo as nf_dynamo
 from novaforge.ir.symbolic import py_expr, symbol, tl_expr
@@ -20,16 +20,7 @@ from novaforge.ir.symbolic import py_expr, symbol, tl_expr
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_one_program_serves_every_size(name):
-    _, fn, make, spec, sizes = next(c for c in CASES if c[0] == name)
-    torch.manual_seed(0)
-    c = novaforge.compile(fn, backend="triton", freeze=True, dynamic=spec, tiered=False)
-    with torch.no_grad():
-        for n in list(sizes) + [sizes[0]]:
-            args = make(n)
-            want, got = fn(*args), c(*args)
-            assert got.shape == want.shape and got.dtype == want.dtype, (n, got.shape, want.shape)
-            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-    assert c.compilations == 1, "one build serves every size"
+    c = run_case(name, "triton")
     prog = c.stats().program
     assert isinstance(prog, SizedTritonProgram)
     info = prog.info()

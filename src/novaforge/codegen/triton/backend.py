@@ -55,6 +55,7 @@ from ...ir.symbolic import (
     SYMBOL_PREFIX,
     context_signature,
     formatting,
+    graph_symbols,
     hint,
     is_symbolic,
     provably,
@@ -244,7 +245,7 @@ class TritonBackend:
         sizes a SizedTritonProgram (its kernels rendered once, instantiated per size by `at`)."""
         options = Options.of(options)
         chosen = self._choose_kernels(graph, options)
-        if is_symbolic_graph(graph):
+        if graph_symbols(graph):
             from .sized import SizedTritonProgram
 
             return SizedTritonProgram(self, graph, options, chosen)
@@ -353,11 +354,6 @@ def _reduction_schedule(rows: Any, cols: Any, live: int, widest: int,
     s = sched_gpu.reduction_schedule(hint(rows), max(hint(cols), 1 << 20), live, widest, target)
     assert s.looped
     return dataclasses.replace(s, block_cols=min(s.block_cols, max(128, sched_gpu.pow2_ceil(hint(cols)))))
-
-
-def is_symbolic_graph(graph: Graph) -> bool:
-    """Does the graph have symbolic sizes (its inputs, or a size input of its sizes)?"""
-    return any(gi.kind == "size" or is_symbolic(gi.value.type) for gi in graph.inputs)
 
 
 def _symbolic_body(kernel: Kernel) -> bool:

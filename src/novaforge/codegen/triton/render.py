@@ -49,6 +49,19 @@ def wide_index(info: BodyInfo) -> bool:
     return not provably(lambda: info.max_span() < WIDE)
 
 
+def program_ids(em: BodyEmitter, inner: str, outer: str, inner_count: Any, flat: bool, wide: bool) -> None:
+    """`inner` and `outer` program coordinates: the grid's two axes, or, on a flat grid (an outer
+    extent the second axis, 65535, may not hold), both from its one axis, `inner` fastest."""
+    to64 = ".to(tl.int64)" if wide else ""
+    if flat:
+        em.line(f"flat_pid = tl.program_id(0){to64}")
+        em.line(f"{inner} = flat_pid % {inner_count}")
+        em.line(f"{outer} = flat_pid // {inner_count}")
+    else:
+        em.line(f"{inner} = tl.program_id(0)")
+        em.line(f"{outer} = tl.program_id(1){to64}")
+
+
 def params(info: BodyInfo) -> tuple[list[str], list[str]]:
     return [f"in{i}" for i in range(len(info.inputs))], [f"out{i}" for i in range(len(info.outputs))]
 

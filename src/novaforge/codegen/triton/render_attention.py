@@ -21,7 +21,7 @@ from ...schedule.gpu import AttentionSchedule, cdiv
 from .analysis import BodyInfo, Unsupported, broadcast_strides
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset
-from .render import KernelSource, assemble, params, wide_index
+from .render import KernelSource, assemble, params, program_ids, wide_index
 
 LOG2E = 1.4426950408889634
 
@@ -69,13 +69,7 @@ def render_attention(info: BodyInfo, sched: AttentionSchedule) -> KernelSource:
     em = BodyEmitter(info, [Lane("bh", tuple(range(nb + 1)), None), Lane("om2", (nb + 1,), mmask),
                             Lane("od2", (nb + 2,), dvmask)], ins)
     L = em.line
-    if flat:  # one grid axis over (batch x head, query block), query blocks fastest
-        L("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
-        L(f"pid_m = pid % {cdiv(length, bm)}")
-        L(f"bh = pid // {cdiv(length, bm)}")
-    else:
-        L("pid_m = tl.program_id(0)")
-        L("bh = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+    program_ids(em, "pid_m", "bh", cdiv(length, bm), flat, wide)  # (query block, batch x head)
     L(f"b = bh // {hq}")
     L(f"h = bh % {hq}")
     L(f"hk = h // {group}")

@@ -14,7 +14,7 @@ import math
 import torch
 
 from ...schedule.gpu import PointwiseSchedule, cdiv
-from .analysis import BodyInfo, Unsupported
+from .analysis import BodyInfo, Leaf, Unsupported
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset
 from .render import KernelSource, assemble, params, wide_index
@@ -31,6 +31,15 @@ def _lane_offset(em: BodyEmitter, strides: tuple[int, ...], base: int) -> tuple[
     return (off if used else f"{off} + 0 * x"), used
 
 
+def _emit_index(em: BodyEmitter, li: Leaf, off: str, mask: str | None) -> None:
+    """`ix`: the index at each lane, read from its buffer, or computed where it is an arange
+    (positions of a symbolic length)."""
+    if li.kind == "iota":
+        em.line(f"ix = ({off}).to(tl.int64) * {li.step!r} + {li.start!r}")
+    else:
+        em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off}" + (f", mask={mask}, other=0)" if mask else ")"))
+
+
 def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     node = info.anchor
     x, idx = node.inputs
@@ -41,11 +50,7 @@ def _emit_take(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     i_strides = (0,) * ax + tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
     i_strides += (0,) * (len(space) - ax - ri)
     off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
-    m_i = em.mask_for(used_i)
-    if li.kind == "iota":  # an arange as the index (positions of a symbolic length): computed, not read
-        em.line(f"ix = ({off_i}).to(tl.int64) * {li.step!r} + {li.start!r}")
-    else:
-        em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    _emit_index(em, li, off_i, em.mask_for(used_i))
     x_strides = tuple(lx.layout.strides[:ax]) + (0,) * ri + tuple(lx.layout.strides[ax + 1:])
     off_x, _ = em.offset(x_strides, lx.layout.offset)
     text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (
@@ -64,11 +69,7 @@ def _emit_gather(em: BodyEmitter, info: BodyInfo, mask: str | None) -> str:
     ax = node.attrs["axis"]
     i_strides = tuple(0 if n == 1 else s for n, s in zip(li.layout.shape, li.layout.strides, strict=True))
     off_i, used_i = _lane_offset(em, i_strides, li.layout.offset)
-    m_i = em.mask_for(used_i)
-    if li.kind == "iota":  # an arange as the index (positions of a symbolic length): computed, not read
-        em.line(f"ix = ({off_i}).to(tl.int64) * {li.step!r} + {li.start!r}")
-    else:
-        em.line(f"ix = tl.load({em.ptrs[li.buf]} + {off_i}" + (f", mask={m_i}, other=0)" if m_i else ")"))
+    _emit_index(em, li, off_i, em.mask_for(used_i))
     x_strides = tuple(0 if d == ax else s for d, s in enumerate(lx.layout.strides))
     off_x, _ = em.offset(x_strides, lx.layout.offset)
     text = f"tl.load({em.ptrs[lx.buf]} + {off_x} + ix * {lx.layout.strides[ax]}" + (

@@ -22,7 +22,7 @@ from ...schedule.gpu import MatmulSchedule, cdiv
 from .analysis import BodyInfo
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset, single_stride
-from .render import KernelSource, assemble, params, wide_index
+from .render import KernelSource, assemble, params, program_ids, wide_index
 
 
 def batch_strides(layout: Strided, space: tuple[int, ...], nb: int) -> list[int]:
@@ -143,13 +143,7 @@ def render_matmul(info: BodyInfo, sched: MatmulSchedule) -> KernelSource:
                 L("pid = tile")
             _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
     else:
-        if lay.flat:
-            L("pid = tl.program_id(0)" + (".to(tl.int64)" if wide else ""))
-            L(f"pid_b = pid // {mn_tiles}")
-            L(f"pid = pid % {mn_tiles}")
-        else:
-            L("pid = tl.program_id(0)")
-            L("pid_b = tl.program_id(1)" + (".to(tl.int64)" if wide else ""))
+        program_ids(em, "pid", "pid_b", mn_tiles, lay.flat, wide)  # (output tile, batch)
         _tile(em, info, lay, sched, tma, a_ptr, b_ptr, a_base, b_base, outs, wide, mmask, nmask, descs)
     header = (f"[{lay.batch} x] ({rows} x {k}) @ ({k} x {n}), {lay.dtype}, "
               f"loader {'tma ' + '/'.join(tma) if tma else 'pointer'}"
