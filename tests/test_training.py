@@ -187,3 +187,38 @@ def test_concurrent_first_calls_with_gradients():
         t.join()
     assert not errors, errors
     assert ok == {3: True, 5: True, 7: True}
+
+
+def test_compile_step_memory_of_cross_entropy_and_updates():
+    """The step's arena (CPU backend): cross-entropy over the vocabulary keeps one [tokens, vocab]
+    buffer (the logits; log_softmax and its gradient are computed in place of them, NLL's
+    gradient is a pointwise one-hot, not a scattered buffer); each weight's gradient GEMM and
+    update runs right after its layer's backward, not after the whole backward; and no GEMM
+    needs a scratch matrix (the updates fused into the weight-gradient GEMMs read C from the
+    library's per-block buffer). Losses still equal eager's."""
+    a, b = _pair()
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=3e-3), torch.optim.AdamW(b.parameters(), lr=3e-3)
+    step = novaforge.compile_step(a, oa, backend="cpu")
+    batches = _batches()
+    for x, y in batches[:3]:
+        got, want = step(x, y).item(), _eager_step(b, ob, x, y)
+        assert abs(got - want) <= 1e-5 * abs(want)
+    stats = next(iter(step._compiled.values())).stats()
+    graph, prog = stats.graph, stats.program
+    plan = graph.meta.memory_plan
+    tokens, vocab = batches[0][0].numel(), a.lm_head.weight.shape[0]
+    big = [v for v in plan.sizes if tuple(v.type.shape) == (tokens, vocab)]
+    assert len(big) >= 3  # logits, log_softmax, its gradient
+    assert len({plan.offsets[v] for v in big}) == 1
+    bodies = [n.attrs["kernel"].body for n in graph.nodes if n.op == "kernel"]
+    assert not any(m.op == "scatter_add" and tuple(m.outputs[0].type.shape) == (tokens, vocab)
+                   for body in bodies for m in body.nodes)
+    # the weight-gradient GEMMs with their fused updates run before the embedding's backward
+    # (the last gradient of the backward), all but the tied embedding / LM head's
+    pos = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs}
+    emb_grad = max(i for i, n in enumerate(graph.nodes) if n.op == "kernel" and any(
+        m.op == "scatter_add" for m in n.attrs["kernel"].body.nodes))
+    updates = {pos[new] for _, new in graph.mutations if graph.nodes[pos[new]].attrs["kernel"].kind == "matmul"}
+    assert len(updates) == 4 * len(a.h) + 1
+    assert sum(1 for i in updates if i < emb_grad) == len(updates) - 1
+    assert not any(s.kind == "scratch" for s in prog.slots)

@@ -336,6 +336,50 @@ def test_tile_callback_sees_final_tiles_once(path):
     assert max(errors) < 1e-4
 
 
+@pytest.mark.parametrize("path", ["unpacked", "packed", "strided_a"])
+@pytest.mark.parametrize("small_blocks", [False, True])
+def test_tile_callback_without_c(path, small_blocks):
+    """C == NULL: nothing is stored, each block of C lives in a per-thread buffer and the tile
+    callback sees every final tile exactly once, with the bias and activation applied (several
+    K blocks, row blocks and column blocks with small cache sizes; 2 threads)."""
+    M, K, N = 77, 300, 150
+    a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
+    if path == "strided_a":
+        a = torch.randn(K, M).t()  # column-major A, packed by the library
+    ref = torch.relu(a.double() @ b.double() + bias.double())
+    got = torch.full((M, N), float("nan"), dtype=torch.float64)
+    seen = torch.zeros(M, N, dtype=torch.int32)
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(ctypes.c_float), ctypes.c_long,
+                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+
+    def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
+        for i in range(rows):
+            for j in range(cols):
+                got[row0 + i, col0 + j] = c[i * ldc + j]
+        seen[row0 : row0 + rows, col0 : col0 + cols] += 1
+
+    fn = proto(on_tile)
+    ep = build.Epilogue()
+    ep.bias = bias.data_ptr()
+    ep.act = build.ACTS["relu"]
+    ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
+    lib = ops.lib()
+    if small_blocks:
+        lib.nf_gemm_set_cache_sizes(4096, 16384, 0)
+    try:
+        if path == "packed":
+            pb = gemm.pack_b(b)
+            lib.nf_sgemm_packed(M, N, K, a.data_ptr(), K, 1, pb.ptr(), None, N, 0, ctypes.byref(ep), 2)
+        else:
+            rs, cs = a.stride()
+            lib.nf_sgemm(M, N, K, a.data_ptr(), rs, cs, b.data_ptr(), N, 1, None, N, 0, ctypes.byref(ep), 2)
+    finally:
+        lib.nf_gemm_set_cache_sizes(*build.cache_sizes().values())
+    assert torch.equal(seen, torch.ones(M, N, dtype=torch.int32))
+    _, scale = _ref(a, b)
+    _check(got.float(), ref, scale, K)
+
+
 @pytest.mark.parametrize(
     "variant",
     [("generic", ()), ("avx2", ("-DNF_GEMM_MR=8", "-DNF_GEMM_NV=3", "-DNF_GEMM_DOT_MR=4")),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nf_testing import captured_graph, check_pass
+import novaforge
+from nf_testing import captured_graph, check_pass, cross_entropy_in_place_case
 from novaforge.ir import verify
 from novaforge.passes.context import PassContext
 from novaforge.passes.fuse import fuse
@@ -171,3 +172,28 @@ def test_full_pipeline_keeps_results_on_a_small_model():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert len(g2.nodes) < len(g.nodes) / 3
     _ = plan_memory
+
+
+def test_cross_entropy_rows_are_computed_in_place():
+    cross_entropy_in_place_case("cpu")
+
+
+def test_reduction_in_place_only_for_rows_read_elementwise():
+    """A reduction kernel may write over an input it reads only along its own rows; not over one
+    it reads transposed (another row's elements would be overwritten before they are read)."""
+    def fn(x):
+        y = x @ x                                      # a buffer that dies in the next kernel
+        return torch.softmax(y, -1) + y.t()            # read in rows and transposed
+
+    x = torch.randn(8, 8)
+    g = captured_graph(fn, x)
+    g, _ = run_pipeline(g)
+    plan = g.meta.memory_plan
+    (y,) = [n.outputs[0] for n in g.nodes if n.op == "kernel" and n.attrs["kernel"].kind == "matmul"]
+    readers = [n for n in g.nodes if y in n.inputs]
+    assert readers and all(n.attrs["kernel"].kind == "reduction" for n in readers)
+    assert y not in plan.inplace.values()
+    (out,) = interpret(g, [x])
+    torch.testing.assert_close(out, fn(x))
+    c = novaforge.compile(fn, backend="cpu")
+    torch.testing.assert_close(c(x), fn(x))

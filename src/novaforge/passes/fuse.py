@@ -286,7 +286,9 @@ class _Grouper:
         """Move an elementwise tail of a group into the one group that consumes it, when that
         costs no extra memory traffic (its inputs are no larger than its output): e.g. the
         SiLU of Llama's gate projection moves into the up projection's epilogue, making the
-        SiLU gate one kernel."""
+        SiLU gate one kernel, and the exp(log_softmax) that cross-entropy's backward reads moves
+        out of the forward's log_softmax kernel into the backward's reduction (one vocabulary-
+        sized buffer less)."""
         escaping = set(self.graph.outputs) | {new for _, new in self.graph.mutations}
         for g in list(self.groups):
             if g.kind == "single":
@@ -308,7 +310,7 @@ class _Grouper:
                             or any(self._root_group(v) is b for v in n.inputs) \
                             or _cat_regions(b.space, [m for m in b.nodes if m.op == "cat"] + [n]) > MAX_CAT_REGIONS:
                         continue
-                elif b.kind not in ("pointwise", "matmul") or not self._sinkable_into(b, n, users):
+                elif b.kind not in ("pointwise", "matmul", "reduction") or not self._sinkable_into(b, n, users):
                     continue
                 if not self.acyclic(b, n):
                     continue

@@ -6,8 +6,12 @@ call would overwrite) gets a buffer with a live interval [defining step, last re
 Buffers are placed largest first at the lowest 64-byte-aligned offset that does not overlap a
 placed buffer with an intersecting interval. A pointwise kernel may write an output into the
 buffer of an input that dies at that kernel (same size, read at the same index only): the two
-then share an offset. `verify_plan` checks the invariant: no two buffers whose intervals
-intersect overlap in the arena, except such in-place pairs.
+then share an offset. So may a reduction kernel (log_softmax, a softmax backward) over an input
+it reads only along its own rows (elementwise, or into the row's reductions): every backend
+computes a row's reductions from loads first and then, in its last pass, stores each output
+element after loading the inputs at that element, and a row is never split between threads or
+programs, so no element is read after it was overwritten. `verify_plan` checks the invariant:
+no two buffers whose intervals intersect overlap in the arena, except such in-place pairs.
 
 With symbolic sizes (one program for a range of sizes) the liveness and the in-place pairs
 are computed once (they do not depend on sizes) and the offsets are placed for each call's
@@ -63,15 +67,16 @@ def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value
     pairs: dict[Value, Value] = {}
     used_inputs: set[Value] = set()
     for i, n in enumerate(graph.nodes):
-        if not OPS[n.op].has("fused") or n.attrs["kernel"].kind != "pointwise":
+        if not OPS[n.op].has("fused") or n.attrs["kernel"].kind not in ("pointwise", "reduction"):
             continue
         body = n.attrs["kernel"].body
+        reduction = n.attrs["kernel"].kind == "reduction"
         for bo, o in zip(body.outputs, n.outputs, strict=True):
             if o not in buffers or o in pairs:
                 continue
             for bi, v in zip(body.inputs, n.inputs, strict=True):
                 if (v in buffers and v not in used_inputs and last.get(v) == i and v.type.nbytes == o.type.nbytes
-                        and v.type.shape == o.type.shape and _read_elementwise_only(body, bi.value)
+                        and v.type.shape == o.type.shape and _read_elementwise_only(body, bi.value, reduction)
                         and body.producer(bo) is not None and OPS[body.producer(bo).op].has("elementwise")):
                     if ctx is not None and not ctx.take_fuel(
                             lambda n=n, o=o, v=v: f"plan_memory: {o!r} written in place of {v!r} by {describe(n)}"):
@@ -82,10 +87,12 @@ def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value
     return pairs
 
 
-def _read_elementwise_only(body: Graph, v: Value) -> bool:
+def _read_elementwise_only(body: Graph, v: Value, reduction: bool = False) -> bool:
+    """Every read of `v` is at the element being computed; in a reduction kernel reads that feed
+    the row's reductions are allowed too (they all happen before the final pass stores)."""
     users = body.users(v)
-    return bool(users) and all(OPS[u.op].has("elementwise") and u.outputs[0].type.shape == v.type.shape
-                               for u in users)
+    return bool(users) and all((OPS[u.op].has("elementwise") and u.outputs[0].type.shape == v.type.shape)
+                               or (reduction and OPS[u.op].has("reduction")) for u in users)
 
 
 def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:

@@ -104,6 +104,12 @@ def test_scatter_of_a_value_is_generated():
     c = compile_cpu(lambda a, i: a.scatter(1, i, 2.0), x, t)
     with pytest.raises(IndexError):
         c(x, t + 9)
+    with pytest.raises(IndexError):
+        c(x, t - 10)
+    # one index per row: a pointwise one-hot (no scattered [6, 9] buffer); the indices are
+    # checked by a take of n integers
+    bodies = [n.attrs["kernel"].body for n in c.stats().graph.nodes if n.op == "kernel"]
+    assert not any(m.op == "scatter_add" for b in bodies for m in b.nodes)
 
 
 def test_take_of_a_range_is_a_view():

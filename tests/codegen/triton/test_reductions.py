@@ -66,3 +66,10 @@ def test_16bit_norms(dtype):
     w, b = torch.randn(40, dtype=dtype), torch.randn(40, dtype=dtype)
     check(_ln, x, w, b, atol=3e-2, rtol=3e-2)
     check(lambda x: torch.softmax(x, -1), x, atol=1e-2, rtol=2e-2)
+
+
+def test_cross_entropy_rows_are_computed_in_place():
+    """The CPU test's case (log_softmax and its gradient written over the logits) on Triton."""
+    from nf_testing import cross_entropy_in_place_case
+
+    cross_entropy_in_place_case("triton")

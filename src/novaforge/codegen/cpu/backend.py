@@ -157,6 +157,8 @@ class CpuBackend:
                 elif gp.dst == "inplace":
                     assert gp.inplace is not None
                     dst = outs[gp.inplace]
+                elif gp.dst == "local":  # C is never stored: p0 is unused
+                    dst = outs[0]
                 else:
                     dst = layout.scratch(gp.scratch)
                 args = [dst] + ins + outs

@@ -20,7 +20,9 @@ with the kernel's epilogue fused:
   library calls on every finished C tile while it is still in L1.
 
 C (the float32 result) is written into the kernel's output when the epilogue reads it only at
-the element it writes (in place), else into the program's scratch region. Returns None when
+the element it writes (in place); when no output can hold it, the library keeps each block of C
+in a per-thread buffer that only the tile function reads (C == NULL), or, on the dot-product
+entry, C goes to the program's scratch region. Returns None when
 the geometry or dtypes do not fit the library (the kernel then uses torch.matmul).
 
 Invariant: the function computes what the kernel body computes; operands are read through
@@ -55,7 +57,7 @@ GEMM_MIN_FLOPS_PER_THREAD = 2.0e5  # below this a GEMM runs on one thread
 @dataclass
 class GemmPlan:
     gen: GenKernel
-    dst: str  # "direct" (output 0) | "inplace" (output `inplace`) | "scratch"
+    dst: str  # "direct" (output 0) | "inplace" (output `inplace`) | "scratch" | "local" (C never stored)
     inplace: int | None
     scratch: TensorType  # float32 C when dst == "scratch"
     pack: Operand | None  # B operand packed at build time (a constant)
@@ -219,16 +221,19 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
                     and st.buf not in written_outs):
                 inplace = st.buf
                 break
+    # no output can hold C: the library keeps each block of C in a per-thread buffer for the tile
+    # epilogue (not on the dot-product entry, which has no such mode)
+    local = not direct and inplace is None and tile is not None and not nt
+    dst = "direct" if direct else ("inplace" if inplace is not None else ("local" if local else "scratch"))
+    desc = (f"gemm|{geo}|packed={packed}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}"
+            f"|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
     flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
     sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
-    desc = (f"gemm|{geo}|packed={packed}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}|inplace={inplace}"
-            f"|{a.layout}|{b.layout}")
     key = kernel.structural_key + "|" + desc
     name = function_name(key, sched, "m")
     n_in, n_out = len(body.inputs), len(body.outputs)
     n_args = 1 + n_in + n_out + (1 if packed else 0)
-    dst = "direct" if direct else ("inplace" if inplace is not None else "scratch")
     a_ptr = f"((const {'float' if a.dtype == torch.float32 else 'uint16_t'}*)p{1 + a.buf} + {a.layout.offset})"
     tile_name = name + "_tile"
 
@@ -250,7 +255,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None else "nullptr"
         tfn = tile_name if tile is not None else "nullptr"
         code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx}};")
-        c_ptr = "(float*)p0"
+        c_ptr = "(float*)nullptr" if local else "(float*)p0"
         if packed:
             bp = f"(const float*)p{n_args - 1}"
             if a.dtype == torch.bfloat16:

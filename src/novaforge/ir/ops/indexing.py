@@ -196,17 +196,35 @@ def _index_put_rows(ctx, x, indices, values, mask, accumulate):
 @scatter_add.lowers(aten.scatter.value)
 def _lower_scatter_value(ctx, x, dim, index, value):
     """x.scatter(dim, index, value) with one scalar value: every position an index hits gets the
-    value, so duplicates do not matter and it is where(hit, value, x), the hits counted by a
-    scatter_add of ones (which checks the indices: out of range raises). NLL's gradient."""
+    value, so duplicates do not matter and it is where(hit, value, x). With one index per row
+    (NLL's gradient: the target of each row) the hits are a pointwise `one_hot`; otherwise they
+    are counted by a scatter_add of ones (which checks the indices: out of range raises)."""
     v, iv = ctx.val(x), ctx.val(index)
     ax = ctx.axis(dim, max(v.type.rank, 1))
     if v.type.rank == 0 or iv.type.rank != v.type.rank or iv.type.dtype != torch.int64:
         return ctx.extern("scatter of a 0-d tensor or with an index of another rank or dtype")
+    fill = ctx.expand(ctx.scalar(value, v.type.dtype, v.type.device), v.type.shape)
+    if iv.type.shape[ax] == 1 and all(iv.type.shape[d] == v.type.shape[d] for d in range(v.type.rank) if d != ax):
+        return ctx.emit("where", [one_hot(ctx, iv, ax, v.type.shape), fill, v])
     ones = ctx.expand(ctx.scalar(1.0, torch.float32, iv.type.device), iv.type.shape)
     zeros = ctx.expand(ctx.scalar(0.0, torch.float32, v.type.device), v.type.shape)
     hits = ctx.emit("scatter_add", [zeros, iv, ones], axis=ax)
     hit = ctx.emit("gt", [hits, ctx.scalar(0.0, torch.float32, v.type.device)])
-    return ctx.emit("where", [hit, ctx.expand(ctx.scalar(value, v.type.dtype, v.type.device), v.type.shape), v])
+    return ctx.emit("where", [hit, fill, v])
+
+
+def one_hot(ctx, iv, ax: int, shape: tuple):
+    """The bool mask `iota(shape[ax]) == iv` along `ax`, for an index with one position per row
+    (`iv.shape[ax] == 1`, other dims as in `shape`): pointwise, no buffer of `shape`. The indices
+    pass through a take from `iota(n)` first, which checks them (out of range raises, as the
+    scatter it replaces does) and returns them unchanged; the iota is materialized (`copy`: n
+    integers) because a take reads its source from a buffer."""
+    n, dev, rank = shape[ax], iv.type.device, len(shape)
+    positions = ctx.emit("copy", [ctx.emit("iota", (), length=n, dtype=torch.int64, device=dev)])  # a buffer
+    checked = ctx.reshape(ctx.emit("take", [positions, ctx.reshape(iv, (iv.type.numel,))], axis=0), iv.type.shape)
+    pos = ctx.reshape(ctx.emit("iota", (), length=n, dtype=torch.int64, device=dev),
+                      (1,) * ax + (n,) + (1,) * (rank - ax - 1))
+    return ctx.emit("eq", [ctx.expand(checked, shape), ctx.expand(pos, shape)])
 
 
 # ---------------------------------------------------------------------------- VJP rules

@@ -11,6 +11,8 @@
  *       for K block               (one block when K <= KC: C written once; unpacked B: pack now,
  *                                  or, row-major float32 B in tasks of <= 128 rows, read in place)
  *         for each row tile       (MR rows; remainders split so no tile is very short)
+ *                                 (C == NULL: the row block x column block of C is a per-thread
+ *                                  buffer that only the tile callback reads)
  *           for each NR panel     (the tile's MR x KC slice of A stays in L1)
  *             micro-kernel        (epilogue fused into the last K block)
  * Build: g++ -O3 -march=native -fopenmp -fPIC -shared nf_gemm.cpp (see build.py).
@@ -278,8 +280,13 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     Scratch& ws = t_scratch;
     float* abuf = pack_a ? Scratch::grow(ws.a, ws.a_cap, mc * std::max(K, 1L) + 16) : nullptr;
     float* bbuf = P.Bp ? nullptr : Scratch::grow(ws.b, ws.b_cap, ncp * NR * kcb + 16);
+    // C == NULL (tile_fn only): each row block x column block of C lives in a per-thread buffer
+    // (never larger than this task's share of C)
+    const bool c_local = P.C == nullptr;
+    const long ld_local = std::min(ncp, p1 - p0) * NR;
+    float* cbuf = c_local ? Scratch::grow(ws.c, ws.c_cap, mc * ld_local + 16) : nullptr;
 
-    float* C = P.C + bi * P.bs_c;
+    float* C = c_local ? nullptr : P.C + bi * P.bs_c;
     const nf_epilogue* ep = P.ep;
     const float* bias = ep ? ep->bias : nullptr;
     const float* res = (ep && ep->residual) ? ep->residual + bi * ep->bs_residual : nullptr;
@@ -347,9 +354,9 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 auto run = [&](int t, long p) {
                     const long col0 = p * NR, row = ic + tile_row[t];
                     nfk::TileOut o;
-                    o.c = C + row * P.ldc + col0;
-                    o.ldc = P.ldc;
-                    o.accumulate = kb > 0 || P.accumulate;
+                    o.c = c_local ? cbuf + tile_row[t] * ld_local + (p - pj) * NR : C + row * P.ldc + col0;
+                    o.ldc = c_local ? ld_local : P.ldc;
+                    o.accumulate = kb > 0 || (P.accumulate && !c_local);
                     o.last = last;
                     o.bias = bias ? bias + col0 : nullptr;
                     o.act = ep ? ep->act : 0;
@@ -368,9 +375,12 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 for (int t = 0; t < nt; ++t) {
                     for (long p = pj; p < pje; ++p) run(t, p);
                     pf.upto(pf.total * (t + 1) / nt);
-                    if (last && tile_fn)
-                        ep->tile_fn(ep->tile_ctx, bi, C + (ic + tile_row[t]) * P.ldc + c_lo, P.ldc, ic + tile_row[t],
-                                    c_lo, tiles[t], c_hi - c_lo);
+                    if (last && tile_fn) {
+                        float* ct = c_local ? cbuf + tile_row[t] * ld_local + (c_lo - pj * NR)
+                                            : C + (ic + tile_row[t]) * P.ldc + c_lo;
+                        ep->tile_fn(ep->tile_ctx, bi, ct, c_local ? ld_local : P.ldc, ic + tile_row[t], c_lo, tiles[t],
+                                    c_hi - c_lo);
+                    }
                 }
             }
         }
@@ -552,7 +562,7 @@ void nf_sgemm_packed_batched(long batch, long M, long N, long K, const float* A,
 
 void nf_sgemm(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
               float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (nfi::few_rows_rowmajor(M, N, K, A, rs_a, cs_a, B, rs_b, cs_b, C, ldc, accumulate, ep, nthreads)) return;
+    if (C && nfi::few_rows_rowmajor(M, N, K, A, rs_a, cs_a, B, rs_b, cs_b, C, ldc, accumulate, ep, nthreads)) return;
     run(make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, B, 0, rs_b, cs_b, C, 0, ldc, accumulate, ep), 1,
         nthreads);
 }

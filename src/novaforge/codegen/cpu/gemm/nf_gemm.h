@@ -46,7 +46,11 @@ typedef void (*nf_tile_fn)(void* ctx, long batch, float* c, long ldc, long row0,
 
 /* Fused epilogue, applied in registers after the last K step:
  *   C[i,j] = act(acc[i,j] + bias[j]) + residual[b*bs_residual + i*ld_residual + j]
- * Indices are global (row i of C, column j of C). NULL pointers mean "absent". */
+ * Indices are global (row i of C, column j of C). NULL pointers mean "absent".
+ * C == NULL with a tile_fn (not accumulating; nf_sgemm, nf_sgemm_packed(_batched), nf_sgemm_batched,
+ * nf_gemm_mixed, nf_gemm_bf16_packed only): C is never stored; each block of C lives in a
+ * per-thread buffer and tile_fn reads its tiles from there (an epilogue whose outputs are all
+ * elsewhere, e.g. an optimizer update fused into a weight-gradient GEMM, needs no C matrix). */
 typedef struct nf_epilogue {
     const float* bias;     /* [N] or NULL */
     int act;               /* enum nf_act */

@@ -26,12 +26,15 @@ inline bool rows_alias_in_l1(long row_bytes) {
     return __builtin_popcountll(sets) < 4;
 }
 
-/* Two growable, 64-byte aligned float buffers; each translation unit keeps one per thread. */
+/* Growable, 64-byte aligned float buffers (A and B panels, a block of C); each translation unit
+ * keeps one per thread. */
 struct Scratch {
     float* a = nullptr;
     long a_cap = 0;
     float* b = nullptr;
     long b_cap = 0;
+    float* c = nullptr;
+    long c_cap = 0;
     static float* grow(float*& p, long& cap, long need) {
         if (need > cap) {
             free(p);
@@ -43,6 +46,7 @@ struct Scratch {
     ~Scratch() {
         free(a);
         free(b);
+        free(c);
     }
 };
 }  // namespace nfi
