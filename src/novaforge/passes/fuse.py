@@ -13,7 +13,9 @@ Legality rules (all here):
   consumers join: row-level (input shape) and row-summary (keepdim shape) elementwise ops. So
   LayerNorm, RMSNorm and softmax (two dependent reductions) are one kernel each.
 * An elementwise op joins a producer's kernel when its shape fits that kernel's space; else it
-  starts a pointwise kernel.
+  starts a pointwise kernel. Not a producer's kernel more than `remat.FAR` nodes back whose
+  values it reads are also read near that kernel (forward activations the backward reads
+  again): computed late, it keeps nothing extra alive from the forward (`far_from`).
 * A `cat` is a *load*: its inputs are views of buffers (graph inputs, other kernels' outputs)
   or of generators, never values its own kernel computes, so a kernel reads it piecewise along
   the cat axis like an elementwise leaf. It starts a pointwise kernel over its output shape
@@ -120,6 +122,7 @@ class _Grouper:
         self.graph = graph
         self.ctx = ctx or PassContext()
         self.defs: dict[Value, Node] = {o: n for n in graph.nodes for o in n.outputs}
+        self.pos: dict[Node, int] = {n: i for i, n in enumerate(graph.nodes)}
         self.group_of: dict[Node, Group] = {}
         self.groups: list[Group] = []
         self.generator_cats: list[Node] = []
@@ -344,6 +347,32 @@ class _Grouper:
         return all(_broadcasts_to(v.type.shape, shape)
                    and (v.type.rank == 0 or _reviewable(v.type.shape, shape, b.space)) for v in n.inputs)
 
+    def far_from(self, g: Group, n: Node) -> bool:
+        """Does n stay out of g? When n comes more than passes/remat.FAR nodes after all of g and
+        every value it reads from g is also read near g (a forward activation that the backward
+        reads again), joining would compute n in the forward and keep its output until the
+        backward besides: a value the backward recomputes (passes/remat.py), or GELU's
+        derivative from the forward's pre-activation, stays a late kernel. A gradient read only
+        late (an optimizer update after its weight-gradient GEMM) still joins."""
+        from .remat import FAR
+
+        last = max(self.pos[m] for m in g.nodes)
+        if self.pos[n] - last <= FAR:
+            return False
+        from_g = [v for v in n.inputs if self._root_group(v) is g]
+        return bool(from_g) and all(any(self.pos[u] - last <= FAR for u in self._readers(v)) for v in from_g)
+
+    def _readers(self, v: Value) -> list[Node]:
+        """Non-view readers of the root of v and of its views."""
+        out, stack = [], [self.root(v)]
+        while stack:
+            for u in self.graph.users(stack.pop()):
+                if _is_free(u.op) and OPS[u.op].has("view"):
+                    stack.extend(u.outputs)
+                else:
+                    out.append(u)
+        return out
+
     def place_reduction(self, n: Node) -> None:
         x = n.inputs[0]
         axes = tuple(n.attrs["axes"])
@@ -392,7 +421,7 @@ class _Grouper:
         order = {"matmul": 0, "attention": 0, "reduction": 1, "pointwise": 2}
         candidates.sort(key=lambda g: (order.get(g.kind, 9), -g.index))
         for g in candidates:
-            if g.kind == "single":
+            if g.kind == "single" or self.far_from(g, n):
                 continue
             if self.fits(g, n) and self.acyclic(g, n):
                 if not self.join(g, n, "joined"):

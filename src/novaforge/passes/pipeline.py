@@ -66,6 +66,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
     """The graph-level passes, in order (before fusion)."""
     from .fuse_attention import fuse_attention
     from .hoist_size_only import hoist_size_only
+    from .remat import remat
 
     return [
         ("dce", dce),
@@ -76,6 +77,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
         ("cse", cse),
         ("fuse_attention", fuse_attention),
         ("hoist_size_only", hoist_size_only),  # (symbolic graphs only)
+        ("remat", remat),
         ("dce", dce),
     ]
 

@@ -1,0 +1,141 @@
+"""Rematerialization of cheap elementwise values for their far readers (a training step).
+
+A value computed by an elementwise op and read both near its definition and far later (a
+forward activation that the backward reads again: GELU(h), read by the next matmul in the
+forward and by that matmul's weight gradient in the backward; LayerNorm's output `x_hat * w +
+b`, read by the projection and by its weight gradient) is recomputed just before its first far
+reader, from inputs that are live there anyway (each is a graph input, or has a reader at or
+after that point itself: `h` for GELU's derivative, `x_hat` for LayerNorm's backward). The
+original then dies after its near readers, and the far readers get the copy, so one buffer per
+such value is not kept from the forward to the backward. Views between the value and a far
+reader are copied onto the recomputed value; an input that is not live there is recomputed too
+when an elementwise node computes it from live values (up to `DEPTH` levels).
+
+Far means more than `FAR` nodes apart in the graph's order (the fuse pass keeps such a late copy
+out of the early value's kernel by the same measure, see passes/fuse.py). Values smaller than
+`MIN_BYTES` are left alone. The copy computes the same op on the same inputs: the same values.
+
+Invariant: the result computes what the input graph computes; no value's definition moves,
+and a recomputed node is emitted after all its inputs and before every reader it feeds.
+"""
+
+from __future__ import annotations
+
+from ..ir import OPS, Graph, Node, Rewriter, Value
+from ..ir.symbolic import hint
+from .context import PassContext, describe
+
+DEPTH = 2  # elementwise producers recomputed along with a value (beyond the value's own node)
+FAR = 128  # nodes between a value's definition and a reader that makes the reader "far"
+MIN_BYTES = 64 * 1024  # smaller values are not worth a recomputation
+
+
+def _view_readers(graph: Graph, v: Value, pos: dict[Node, int]) -> list[tuple[Node, list[Node]]]:
+    """(reader, the view chain from v to the value it reads) for every non-view reader of v or of
+    a view of v."""
+    out: list[tuple[Node, list[Node]]] = []
+    stack: list[tuple[Value, list[Node]]] = [(v, [])]
+    while stack:
+        x, chain = stack.pop()
+        for u in graph.users(x):
+            if OPS[u.op].has("view") and len(u.outputs) == 1:
+                stack.append((u.outputs[0], chain + [u]))
+            else:
+                out.append((u, chain))
+    return out
+
+
+def _last_read(graph: Graph, v: Value, pos: dict[Node, int]) -> int:
+    return max((pos[u] for u, _ in _view_readers(graph, v, pos)), default=-1)
+
+
+def _available(graph: Graph, w: Value, defined: dict[Value, Node], pos: dict[Node, int], at: int) -> bool:
+    """Is w free to read at position `at`: a graph input, a generator (through views), or a value
+    that is read at or after `at` anyway?"""
+    while w in defined and OPS[defined[w].op].has("view"):
+        w = defined[w].inputs[0]
+    if w not in defined or OPS[defined[w].op].has("generator"):
+        return True
+    return _last_read(graph, w, pos) >= at
+
+
+def _recomputable(graph: Graph, n: Node, defined: dict[Value, Node], pos: dict[Node, int], at: int,
+                  depth: int) -> bool:
+    """Can n be computed again at position `at`: each input available there, or itself computed by
+    an elementwise node that can (up to `depth` levels: LayerNorm's `x_hat * w + b`)?"""
+    for w in n.inputs:
+        if _available(graph, w, defined, pos, at):
+            continue
+        p = defined.get(w)
+        if depth <= 0 or p is None or not OPS[p.op].has("elementwise") or len(p.outputs) != 1 \
+                or not _recomputable(graph, p, defined, pos, at, depth - 1):
+            return False
+    return True
+
+
+def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
+    ctx = ctx or PassContext()
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    defined = {o: n for n in graph.nodes for o in n.outputs}
+    escaping = set(graph.outputs) | {new for _, new in graph.mutations}
+    # node -> (reader node -> view chain) for the readers that get a recomputed value
+    plans: dict[Node, list[tuple[Node, list[Node]]]] = {}
+    for n in graph.nodes:
+        if not OPS[n.op].has("elementwise") or len(n.outputs) != 1:
+            continue
+        v = n.outputs[0]
+        if v in escaping or not isinstance(hint(v.type.nbytes), int) or hint(v.type.nbytes) < MIN_BYTES:
+            continue
+        readers = _view_readers(graph, v, pos)
+        far = [(u, chain) for u, chain in readers if pos[u] - pos[n] > FAR]
+        if not far or len(far) == len(readers):
+            continue  # all near (nothing to gain) or all far (the value itself is late: left to fusion)
+        first = min(pos[u] for u, _ in far)
+        k = len(far)
+        if _recomputable(graph, n, defined, pos, first, DEPTH) and ctx.take_fuel(
+                lambda n=n, k=k: f"remat: recompute {describe(n)} for {k} far reader(s)"):
+            plans[n] = far
+    if not plans:
+        return graph
+    by_reader: dict[Node, list[tuple[Node, list[Node]]]] = {}
+    for n, far in plans.items():
+        for u, chain in far:
+            by_reader.setdefault(u, []).append((n, chain))
+    rw = Rewriter(graph)
+    copies: dict[Node, Value] = {}  # original node -> its recomputed value
+    views: dict[tuple[Node, int], Value] = {}  # (view node, copy of its source) -> the view of the copy
+    subst: dict[Value, Value] = {}
+
+    def recompute(n: Node, at: Node) -> Value:
+        """n emitted again, with the inputs that are not available at `at` recomputed too."""
+        ins = []
+        for w in n.inputs:
+            p = defined.get(w)
+            if p is not None and not _available(graph, w, defined, pos, pos[at]):
+                ins.append(recompute(p, at))
+            else:
+                ins.append(rw.get(w))
+        return rw.emit(n.op, ins, n.attrs, meta=dict(n.meta or {})).outputs[0]
+
+    for node in graph.nodes:
+        for n, chain in by_reader.get(node, ()):
+            if n not in copies:
+                copies[n] = recompute(n, node)
+                ctx.count("recomputed")
+                ctx.count("recomputed_bytes", hint(n.outputs[0].type.nbytes))
+            x = copies[n]
+            for vn in chain:
+                key = (vn, id(x))
+                if key not in views:
+                    views[key] = rw.emit(vn.op, [x], vn.attrs, meta=dict(vn.meta or {})).outputs[0]
+                x = views[key]
+            end = chain[-1].outputs[0] if chain else n.outputs[0]
+            subst[end] = x
+        if node in by_reader:
+            ins = [subst.get(v, rw.get(v)) for v in node.inputs]
+            rw.nodes.append(node.with_inputs(tuple(ins)))
+            for n, chain in by_reader[node]:
+                subst.pop(chain[-1].outputs[0] if chain else n.outputs[0], None)
+        else:
+            rw.keep(node)
+    return rw.finish()
