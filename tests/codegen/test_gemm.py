@@ -264,6 +264,10 @@ def test_bf16_inputs():
     for lhs in (a, a.float()):
         for rhs in (w.t(), w.t().contiguous()):
             _check(gemm.matmul(lhs, rhs, nthreads=2), ref, scale, K)
+    # column-major bf16 A (packed block by block, k-major chunks)
+    at = a.t().contiguous().t()
+    assert at.stride() == (1, M)
+    _check(gemm.matmul(at, w.t().contiguous(), nthreads=2), ref, scale, K)
 
 
 @pytest.mark.parametrize("dtypes", [("bf16", "f32"), ("f32", "bf16"), ("bf16", "bf16")])

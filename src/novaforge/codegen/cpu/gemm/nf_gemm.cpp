@@ -120,6 +120,35 @@ int row_tiles(long rows, int* sizes) {
     return n;
 }
 
+/* The row tiles of one row block of a column-major A (rs == 1: dY^T in a weight gradient), each
+ * into its k-major micro-panel (abuf + tile_row[t] * K): for each k the block's rows are one
+ * contiguous run. K is walked in chunks, all tiles per chunk, so each chunk's source pages and
+ * lines are read once for all tiles (tile by tile, a k-major walk of a 128 KB-strided source
+ * touched a new page per k for every tile). */
+#ifndef NF_GEMM_PACK_A_BLOCK
+#define NF_GEMM_PACK_A_BLOCK 1
+#endif
+template <typename T>
+void pack_a_block_colmajor(const T* A, long cs, long r0, int nt, const int* tiles, const long* tile_row, long K,
+                           float* abuf) {
+    constexpr long kChunk = 32;
+    for (long k0 = 0; k0 < K; k0 += kChunk) {
+        const long k1 = std::min(K, k0 + kChunk);
+        for (int t = 0; t < nt; ++t) {
+            const int R = tiles[t];
+            float* panel = abuf + tile_row[t] * K;
+            for (long k = k0; k < k1; ++k) {
+                const T* src = A + r0 + tile_row[t] + k * cs;
+                float* d = panel + k * R;
+                for (int i = 0; i < R; ++i) {
+                    if constexpr (sizeof(T) == 2) d[i] = bf16_to_f32(src[i]);
+                    else d[i] = src[i];
+                }
+            }
+        }
+    }
+}
+
 /* dst[k*R + i] = A(r0 + i, k) for k < K: one k-major micro-panel of R rows (float32) */
 template <typename T>
 void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* dst) {
@@ -301,7 +330,12 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
         for (int t = 0, r = 0; t < nt; r += tiles[t], ++t) tile_row[t] = r;
         // Row-major float32 A is read in place unless many panels will reuse it: then (and for
         // strided or bf16 A) these rows are packed once, for all K, into k-major micro-panels.
-        if (pack_a) {
+        if (pack_a && P.rs_a == 1 && NF_GEMM_PACK_A_BLOCK) {
+            if (P.a_bf16)
+                pack_a_block_colmajor((const uint16_t*)P.A + bi * P.bs_a, P.cs_a, ic, nt, tiles, tile_row, K, abuf);
+            else
+                pack_a_block_colmajor((const float*)P.A + bi * P.bs_a, P.cs_a, ic, nt, tiles, tile_row, K, abuf);
+        } else if (pack_a) {
             for (int t = 0; t < nt; ++t) {
                 float* dst = abuf + tile_row[t] * K;
                 if (P.a_bf16)
