@@ -308,6 +308,21 @@ def test_small_cache_blocking_exercises_all_loops():
     assert ops.blocking() == saved
 
 
+_TILE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(ctypes.c_float), ctypes.c_long,
+                            ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+
+
+def _relu_epilogue_with_tile_fn(bias: torch.Tensor, on_tile):
+    """An epilogue adding `bias` and applying ReLU, then calling the Python `on_tile(ctx, batch, c,
+    ldc, row0, col0, rows, cols)`; returns (epilogue, callback), the callback kept alive by the caller."""
+    fn = _TILE_FN(on_tile)
+    ep = build.Epilogue()
+    ep.bias = bias.data_ptr()
+    ep.act = build.ACTS["relu"]
+    ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
+    return ep, fn
+
+
 @pytest.mark.parametrize("path", ["packed", "nt"])
 def test_tile_callback_sees_final_tiles_once(path):
     M, K, N = 40, 30, 150
@@ -315,8 +330,6 @@ def test_tile_callback_sees_final_tiles_once(path):
     ref = torch.relu(a.double() @ b.double() + bias.double())
     seen = torch.zeros(M, N, dtype=torch.int32)
     errors: list[float] = []
-    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(ctypes.c_float), ctypes.c_long,
-                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 
     def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
         for i in range(rows):
@@ -324,11 +337,7 @@ def test_tile_callback_sees_final_tiles_once(path):
                 errors.append(abs(c[i * ldc + j] - ref[row0 + i, col0 + j].item()))
         seen[row0 : row0 + rows, col0 : col0 + cols] += 1
 
-    fn = proto(on_tile)
-    ep = build.Epilogue()
-    ep.bias = bias.data_ptr()
-    ep.act = build.ACTS["relu"]
-    ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
+    ep, _keep = _relu_epilogue_with_tile_fn(bias, on_tile)
     out = torch.empty(M, N)
     if path == "packed":
         pb = gemm.pack_b(b)
@@ -353,8 +362,6 @@ def test_tile_callback_without_c(path, small_blocks):
     ref = torch.relu(a.double() @ b.double() + bias.double())
     got = torch.full((M, N), float("nan"), dtype=torch.float64)
     seen = torch.zeros(M, N, dtype=torch.int32)
-    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(ctypes.c_float), ctypes.c_long,
-                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 
     def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
         for i in range(rows):
@@ -362,11 +369,7 @@ def test_tile_callback_without_c(path, small_blocks):
                 got[row0 + i, col0 + j] = c[i * ldc + j]
         seen[row0 : row0 + rows, col0 : col0 + cols] += 1
 
-    fn = proto(on_tile)
-    ep = build.Epilogue()
-    ep.bias = bias.data_ptr()
-    ep.act = build.ACTS["relu"]
-    ep.tile_fn = ctypes.cast(fn, ctypes.c_void_p)
+    ep, _keep = _relu_epilogue_with_tile_fn(bias, on_tile)
     lib = ops.lib()
     if small_blocks:
         lib.nf_gemm_set_cache_sizes(4096, 16384, 0)

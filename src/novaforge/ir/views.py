@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .graph import Attrs, Node, Value
+from .graph import Attrs, Graph, Node, Value
 from .types import contiguous_strides
 
 
@@ -132,3 +132,20 @@ def view_roots(nodes: Sequence[Node]) -> dict[Value, Value]:
         if OPS[n.op].has("view"):
             root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
     return root
+
+
+def readers_through_views(graph: Graph, v: Value) -> list[tuple[Node, list[Node]]]:
+    """(reader, the chain of view nodes from v to the value it reads) for every node that is not
+    a view and reads v or a view of v (through chains of views)."""
+    from .ops import OPS
+
+    out: list[tuple[Node, list[Node]]] = []
+    stack: list[tuple[Value, list[Node]]] = [(v, [])]
+    while stack:
+        x, chain = stack.pop()
+        for u in graph.users(x):
+            if OPS[u.op].has("view"):
+                stack.append((u.outputs[0], chain + [u]))
+            else:
+                out.append((u, chain))
+    return out

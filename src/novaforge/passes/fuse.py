@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Node, Rewriter, Value, make_node
 from ..ir.kernel import KernelKind
-from ..ir.views import Strided, apply_view, permuted_copy
+from ..ir.views import Strided, apply_view, permuted_copy, readers_through_views
 from .context import PassContext, describe
 
 MAX_CAT_PIECES = 16  # non-empty pieces of one cat load
@@ -360,18 +360,9 @@ class _Grouper:
         if self.pos[n] - last <= FAR:
             return False
         from_g = [v for v in n.inputs if self._root_group(v) is g]
-        return bool(from_g) and all(any(self.pos[u] - last <= FAR for u in self._readers(v)) for v in from_g)
-
-    def _readers(self, v: Value) -> list[Node]:
-        """Non-view readers of the root of v and of its views."""
-        out, stack = [], [self.root(v)]
-        while stack:
-            for u in self.graph.users(stack.pop()):
-                if _is_free(u.op) and OPS[u.op].has("view"):
-                    stack.extend(u.outputs)
-                else:
-                    out.append(u)
-        return out
+        graph = self.graph
+        return bool(from_g) and all(
+            any(self.pos[u] - last <= FAR for u, _ in readers_through_views(graph, self.root(v))) for v in from_g)
 
     def place_reduction(self, n: Node) -> None:
         x = n.inputs[0]

@@ -167,12 +167,13 @@ def _hoist_small(nodes: list[Node], deps: list[set[int]], escaping: set[Value]) 
     scalar, an optimizer update whose results are the parameters' own buffers) moved up to just
     after the last node it depends on: the buffers it reads die there instead of waiting for
     its place in the traced order (the optimizer loop after the whole backward)."""
-    order: list[int] = []
+    # sort keys: a node that stays has (its index,); a hoisted one its last dependence's key plus
+    # (its index,), which sorts right after that dependence and before the next node that stays
+    key: list[tuple[int, ...]] = []
     for i, n in enumerate(nodes):
         alloc = sum(hint(o.type.nbytes) for o in n.outputs if o not in escaping)
         if alloc > SMALL:
-            order.append(i)
-            continue
-        at = max((order.index(d) for d in deps[i]), default=-1)
-        order.insert(at + 1, i)
-    return order
+            key.append((i,))
+        else:
+            key.append(max((key[d] for d in deps[i]), default=(-1,)) + (i,))
+    return sorted(range(len(nodes)), key=key.__getitem__)

@@ -23,30 +23,12 @@ from __future__ import annotations
 
 from ..ir import OPS, Graph, Node, Rewriter, Value
 from ..ir.symbolic import hint
+from ..ir.views import readers_through_views
 from .context import PassContext, describe
 
 DEPTH = 2  # elementwise producers recomputed along with a value (beyond the value's own node)
 FAR = 128  # nodes between a value's definition and a reader that makes the reader "far"
 MIN_BYTES = 64 * 1024  # smaller values are not worth a recomputation
-
-
-def _view_readers(graph: Graph, v: Value, pos: dict[Node, int]) -> list[tuple[Node, list[Node]]]:
-    """(reader, the view chain from v to the value it reads) for every non-view reader of v or of
-    a view of v."""
-    out: list[tuple[Node, list[Node]]] = []
-    stack: list[tuple[Value, list[Node]]] = [(v, [])]
-    while stack:
-        x, chain = stack.pop()
-        for u in graph.users(x):
-            if OPS[u.op].has("view") and len(u.outputs) == 1:
-                stack.append((u.outputs[0], chain + [u]))
-            else:
-                out.append((u, chain))
-    return out
-
-
-def _last_read(graph: Graph, v: Value, pos: dict[Node, int]) -> int:
-    return max((pos[u] for u, _ in _view_readers(graph, v, pos)), default=-1)
 
 
 def _available(graph: Graph, w: Value, defined: dict[Value, Node], pos: dict[Node, int], at: int) -> bool:
@@ -56,7 +38,7 @@ def _available(graph: Graph, w: Value, defined: dict[Value, Node], pos: dict[Nod
         w = defined[w].inputs[0]
     if w not in defined or OPS[defined[w].op].has("generator"):
         return True
-    return _last_read(graph, w, pos) >= at
+    return max((pos[u] for u, _ in readers_through_views(graph, w)), default=-1) >= at
 
 
 def _recomputable(graph: Graph, n: Node, defined: dict[Value, Node], pos: dict[Node, int], at: int,
@@ -86,7 +68,7 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
         v = n.outputs[0]
         if v in escaping or not isinstance(hint(v.type.nbytes), int) or hint(v.type.nbytes) < MIN_BYTES:
             continue
-        readers = _view_readers(graph, v, pos)
+        readers = readers_through_views(graph, v)
         far = [(u, chain) for u, chain in readers if pos[u] - pos[n] > FAR]
         if not far or len(far) == len(readers):
             continue  # all near (nothing to gain) or all far (the value itself is late: left to fusion)
@@ -103,7 +85,7 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
             by_reader.setdefault(u, []).append((n, chain))
     rw = Rewriter(graph)
     copies: dict[Node, Value] = {}  # original node -> its recomputed value
-    views: dict[tuple[Node, int], Value] = {}  # (view node, copy of its source) -> the view of the copy
+    views: dict[tuple[Node, Value], Value] = {}  # (view node, copy of its source) -> the view of the copy
     subst: dict[Value, Value] = {}
 
     def recompute(n: Node, at: Node) -> Value:
@@ -125,7 +107,7 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
                 ctx.count("recomputed_bytes", hint(n.outputs[0].type.nbytes))
             x = copies[n]
             for vn in chain:
-                key = (vn, id(x))
+                key = (vn, x)
                 if key not in views:
                     views[key] = rw.emit(vn.op, [x], vn.attrs, meta=dict(vn.meta or {})).outputs[0]
                 x = views[key]
