@@ -53,14 +53,32 @@ NF_INLINE vf vpow2i(vi n) {  // 2^n as float bits, n in [-126, 127]
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
 NF_INLINE float vhsum(vf v) { return _mm512_reduce_add_ps(v); }
-/* r[i][j] <- r[j][i] for the W x W block held in r (through memory: not on a measured path) */
+/* r[i][j] <- r[j][i] for the 16 x 16 block held in r, in registers: pairs of rows interleaved by
+ * 32 and then 64 bits (u[4i + j], 128-bit lane L: rows 4i..4i+3 at column 4L + j), then 128-bit
+ * lanes gathered across row groups twice. */
 NF_INLINE void vtranspose(vf (&r)[W]) {
-    alignas(64) float t[W * W];
-    for (int i = 0; i < W; ++i) _mm512_store_ps(t + i * W, r[i]);
-    for (int i = 0; i < W; ++i) r[i] = _mm512_set_ps(t[15 * W + i], t[14 * W + i], t[13 * W + i], t[12 * W + i],
-                                                     t[11 * W + i], t[10 * W + i], t[9 * W + i], t[8 * W + i],
-                                                     t[7 * W + i], t[6 * W + i], t[5 * W + i], t[4 * W + i],
-                                                     t[3 * W + i], t[2 * W + i], t[1 * W + i], t[0 * W + i]);
+    vf t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int j = 0; j < 4; ++j) {
+        const vf x = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), y = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xdd);
+        const vf x2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+        const vf y2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_f32x4(x, x2, 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(x, x2, 0xdd);
+        r[4 + j] = _mm512_shuffle_f32x4(y, y2, 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(y, y2, 0xdd);
+    }
 }
 /* [lanes 0-7 of v] + [lanes 8-15 of v] (AVX-512F only: no DQ extract) */
 NF_INLINE __m256 vfold256(vf v) {
