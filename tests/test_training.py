@@ -81,6 +81,33 @@ def test_compile_step_updates_parameters_and_state_in_place(opt_name):
     assert sum(1 for s in prog.slots if s.kind == "fresh") == 1
 
 
+def test_compile_step_sees_parameters_changed_between_steps():
+    # the step binds every parameter and state tensor at each call (one positional call, no pytree
+    # work): a parameter edited in place, one given new storage (`p.data = t`) and a moment reset by
+    # hand are all seen, as eager sees them; keyword arguments take the general binding path
+    a, b = _pair()
+    oa, ob = OPTIMIZERS["adamw"](a.parameters()), OPTIMIZERS["adamw"](b.parameters())
+    step = novaforge.compile_step(a, oa, backend="cpu")
+    batches = _batches()
+    for i in range(6):
+        x, y = batches[i % len(batches)]
+        if i == 2:
+            for m in (a, b):
+                with torch.no_grad():
+                    m.lm_head.weight.mul_(0.5)
+                    first = next(m.parameters())
+                    first.data = first.data.clone() + 0.01  # new storage (and same layout)
+        if i == 4:
+            for o in (oa, ob):
+                for st in o.state.values():
+                    st["exp_avg"].zero_()
+        got = (step(x, y) if i % 2 else step(x, targets=y)).item()
+        want = _eager_step(b, ob, x, y)
+        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-3, rtol=1e-3)
+
+
 def test_compile_step_accumulation_clipping_and_lr_schedule():
     a, b = _pair()
     oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)

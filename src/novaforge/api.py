@@ -39,7 +39,7 @@ from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
-from .runtime.state import StateBinding, fresh_outputs, write_back
+from .runtime.state import StateBinding, fresh_outputs, storage_ptr, write_back
 from .runtime.tiering import Tiering, build_estimate, record_build
 
 BACKENDS = ("auto", "interpret", "cpu", "triton")
@@ -62,7 +62,7 @@ def _signature(flat: list[Any]) -> tuple:
     sig = []
     for x in flat:
         if isinstance(x, torch.Tensor):
-            sig.append(("T", tuple(x.shape), x.dtype, x.device, tuple(x.stride()), x.storage_offset(),
+            sig.append(("T", x.shape, x.dtype, x.device, x.stride(), x.storage_offset(),  # (Size hashes as a tuple)
                         x.requires_grad))
         else:
             try:
@@ -103,8 +103,9 @@ class CompiledModule:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat = None
-        if not kwargs and all(type(a) is torch.Tensor for a in args):
-            # fast path (no pytree work): positional plain tensors; keyed apart from the general path
+        if not kwargs and all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
+            # fast path (no pytree work): positional plain tensors or parameters (a compiled training step's
+            # call); keyed apart from the general path
             tensors, objs, spec_key = list(args), [], len(args)
         else:
             flat = pytrees.flatten((tuple(args), dict(kwargs)))
@@ -374,11 +375,15 @@ class _Entry:
                 results[i] = results[i].clone()
             results = fresh_outputs(results, tensors, refs)
         if self.mut_targets:
-            dsts = [tensors[i] if kind == "user" else refs[i] for kind, i in self.mut_targets]
-            with torch.no_grad():
-                new_vals = _unshared_from(new_vals, dsts)
-                for dst, val in zip(dsts, new_vals, strict=True):
-                    write_back(dst, val)
+            # a new value that is its input itself (the program updated it in place, as a training step's
+            # parameters and optimizer state) needs no write-back; the others are written back
+            pairs = [(d, v) for (kind, i), v in zip(self.mut_targets, new_vals, strict=True)
+                     if v is not (d := tensors[i] if kind == "user" else refs[i])]
+            if pairs:
+                dsts = [d for d, _ in pairs]
+                with torch.no_grad():
+                    for dst, val in zip(dsts, _unshared_from([v for _, v in pairs], dsts), strict=True):
+                        write_back(dst, val)
         if self.out_is_leaf:
             return results[0]
         spec = self.captured.out_spec
@@ -391,9 +396,7 @@ def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[t
     """The new values of mutated inputs, each cloned where it shares memory with another mutated
     input (`x0.copy_(x1); x1.relu_()`: x0's new value is x1's old one, which the write-back of
     x1 would overwrite first); a value in its own input's buffer is written back as it is."""
-    def ptr(t: torch.Tensor) -> int:
-        return t.untyped_storage().data_ptr() if t.device.type != "meta" and t.numel() else 0
-
+    ptr = storage_ptr
     dst_ptrs = [ptr(d) for d in dsts]
     count: dict[int, int] = {}
     for q in dst_ptrs:
@@ -439,8 +442,8 @@ def _share_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]) -> bool
     """Whether two of the call's tensors (inputs, parameters, buffers) share storage."""
     seen: set[int] = set()
     for t in (*tensors, *refs):
-        if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
-            p = t.untyped_storage().data_ptr()
+        p = storage_ptr(t)
+        if p:
             if p in seen:
                 return True
             seen.add(p)

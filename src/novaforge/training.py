@@ -234,7 +234,17 @@ class CompiledStep:
                     b.copy_(torch.zeros_like(b))  # a final copy_, like every write of the step
             return loss.detach()
 
-        return step
+        # called with every tensor positional (parameters, state, gradient buffers, lr, then the user's
+        # arguments): a call of plain tensors binds without pytree work (api.CompiledModule.__call__)
+        n_p, n_s = len(names), sum(n_state)
+        n_g = n_p if accumulate > 1 else 0
+
+        def flat_step(*xs: Any, **kwargs: Any) -> torch.Tensor:
+            i = n_p + n_s + n_g
+            return step(list(xs[:n_p]), list(xs[n_p:n_p + n_s]), list(xs[n_p + n_s:i]), xs[i], tuple(xs[i + 1:]),
+                        kwargs)
+
+        return flat_step
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         import novaforge
@@ -262,7 +272,7 @@ class CompiledStep:
                 self._compiled[key] = fn
             flat_states = [t for s in states for t in s]
             with torch.no_grad():  # the program computes the gradients itself
-                loss = fn(params, flat_states, self._grad_bufs or [], lr, tuple(args), dict(kwargs))
+                loss = fn(*params, *flat_states, *(self._grad_bufs or []), lr, *args, **kwargs)
             return loss
 
     @property

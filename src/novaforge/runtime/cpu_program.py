@@ -43,6 +43,7 @@ from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
 from .interpret import interpret, storage_relative
+from .state import storage_ptr
 
 
 class KernelIndexError(IndexError):
@@ -522,12 +523,11 @@ class CpuProgram:
         """Inputs written in place whose storage another input shares (the caller passed one
         tensor twice, or views of one): those are bound as copies, so that no kernel reads
         memory an in-place kernel has already overwritten; the write-back stores the copy."""
+        ptrs = [storage_ptr(t) for t in inputs]
         owners: dict[int, int] = {}
-        for t in inputs:
-            p = t.untyped_storage().data_ptr() if t.numel() else 0
+        for p in ptrs:
             owners[p] = owners.get(p, 0) + 1
-        return {i for i in self._written
-                if inputs[i].numel() and owners.get(inputs[i].untyped_storage().data_ptr(), 0) > 1}
+        return {i for i in self._written if ptrs[i] and owners[ptrs[i]] > 1}
 
     def _output(self, o: OutputSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         if o.kind == "slot":

@@ -85,7 +85,7 @@ class StateBinding:
 
 
 def _data_ptr(t: torch.Tensor) -> int:
-    return t.data_ptr() if t.device.type != "meta" else 0
+    return t.data_ptr() if not t.is_meta else 0
 
 
 def fresh_outputs(results: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
@@ -108,7 +108,7 @@ def fresh_outputs(results: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor
 
 def storage_ptr(t: torch.Tensor) -> int:
     """The address of t's storage (0 for a non-tensor, a meta tensor or an empty one)."""
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.numel() == 0:
+    if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:  # (is_meta: 5x cheaper than .device)
         return 0
     return t.untyped_storage().data_ptr()
 
