@@ -42,7 +42,7 @@ from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
-from .interpret import interpret, storage_relative
+from .interpret import prepare, storage_relative
 from .state import storage_ptr
 
 
@@ -471,8 +471,10 @@ class CpuProgram:
         # the whole arena, so it is copied first (fuzz seed 805659 read another buffer's bytes)
         own = {s for s in ins if self.slots[s].kind in ("arena", "scratch")} if storage_relative(body) else set()
 
+        run_body = prepare(body)
+
         def run_torch() -> None:
-            res = interpret(body, [env[s].clone() if s in own else env[s] for s in ins])
+            res = run_body([env[s].clone() if s in own else env[s] for s in ins])
             for s, r in zip(outs, res, strict=True):
                 env[s].copy_(r)
 

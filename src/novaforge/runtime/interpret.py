@@ -10,7 +10,7 @@ gradients.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -56,38 +56,58 @@ def _last_uses(graph: Graph) -> dict[int, list[Value]]:
 def interpret(graph: Graph, inputs: Sequence[torch.Tensor], check: bool | None = None) -> list[torch.Tensor]:
     """Run `graph`. `inputs` bind the graph's non-const inputs in order; const inputs use their
     own tensors. Returns the outputs followed by the new values of mutated inputs."""
+    return prepare(graph, check)(inputs)
+
+
+def prepare(graph: Graph, check: bool | None = None) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+    """`interpret(graph, ·)` with the walk over the graph done once: values numbered into a list,
+    each node's implementation, argument and output positions and the values freed after it
+    resolved ahead (a runtime calls this once per ATen step and the result at every call)."""
     check = settings.check_enabled() if check is None else check
-    env: dict[Value, torch.Tensor] = {}
-    it = iter(inputs)
-    for gi in graph.inputs:
-        if gi.kind == "const":
-            env[gi.value] = gi.tensor
-        else:
-            try:
-                env[gi.value] = next(it)
-            except StopIteration:
-                raise InterpretError(f"missing input {gi.name or gi.value}") from None
+    slots: dict[Value, int] = {}
+
+    def slot(v: Value) -> int:
+        return slots.setdefault(v, len(slots))
+
+    consts = [(slot(gi.value), gi.tensor) for gi in graph.inputs if gi.kind == "const"]
+    bound = [(slot(gi.value), gi.name or gi.value) for gi in graph.inputs if gi.kind != "const"]
     free = _last_uses(graph)
+    steps = []
     for i, n in enumerate(graph.nodes):
-        args = [env[v] for v in n.inputs]
-        try:
-            if n.op == "kernel":
-                out = interpret(n.attrs["kernel"].body, args, check)
-            else:
-                out = OPS[n.op].impl(args, n.attrs)
-        except Exception as e:
-            src = n.meta.get("source", "")
-            raise _error_like(e, f"{n.op} failed{' at ' + src if src else ''}: {e}") from e
-        outs = out if isinstance(out, list | tuple) else (out,)
-        if len(outs) != len(n.outputs):
-            raise InterpretError(f"{n.op}: produced {len(outs)} outputs, expected {len(n.outputs)}")
-        for v, t in zip(n.outputs, outs, strict=True):
-            if check:
-                _check(n.op, v, t)
-            env[v] = t
-        for v in free.get(i, ()):
-            env.pop(v, None)
-    return [env[v] for v in graph.outputs] + [env[new] for _, new in graph.mutations]
+        ins = [slot(v) for v in n.inputs]
+        outs = [(slot(v), v) for v in n.outputs]
+        body = prepare(n.attrs["kernel"].body, check) if n.op == "kernel" else None
+        steps.append((n, body, None if body else OPS[n.op].impl, ins, outs, [slots[v] for v in free.get(i, ())]))
+    results = [slot(v) for v in graph.outputs] + [slot(new) for _, new in graph.mutations]
+    size = len(slots)
+
+    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        env: list = [None] * size
+        for k, t in consts:
+            env[k] = t
+        if len(inputs) < len(bound):
+            raise InterpretError(f"missing input {bound[len(inputs)][1]}")
+        for (k, _), t in zip(bound, inputs, strict=False):
+            env[k] = t
+        for n, body, impl, ins, outs, frees in steps:
+            args = [env[k] for k in ins]
+            try:
+                out = body(args) if body is not None else impl(args, n.attrs)
+            except Exception as e:
+                src = n.meta.get("source", "")
+                raise _error_like(e, f"{n.op} failed{' at ' + src if src else ''}: {e}") from e
+            produced = out if isinstance(out, list | tuple) else (out,)
+            if len(produced) != len(outs):
+                raise InterpretError(f"{n.op}: produced {len(produced)} outputs, expected {len(outs)}")
+            for (k, v), t in zip(outs, produced, strict=True):
+                if check:
+                    _check(n.op, v, t)
+                env[k] = t
+            for k in frees:
+                env[k] = None
+        return [env[k] for k in results]
+
+    return run
 
 
 def _check(op: str, v: Value, t: torch.Tensor) -> None:
