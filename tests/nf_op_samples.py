@@ -83,6 +83,7 @@ SPECIAL: dict[str, Callable[[Maker], Sample]] = {
     "matmul": lambda m: ([m.t(16, 32), m.t(32, 24)], {}),
     "attention": lambda m: ([m.t(1, 2, 8, 16), m.t(1, 2, 8, 16), m.t(1, 2, 8, 16)],
                             {"scale": 0.25, "causal": m.dtype == bf16}),
+    "attention_backward": lambda m: _attention_backward_sample(m),
     **{op: (lambda m: ([m.t(4, 6)], {"target": "aten.cumprod.default",
                                      "spec": ("__list__", ("__list__", TensorArg(0), 1), ("__dict__",)),
                                      "out_types": (TensorType((4, 6), m.dtype),)}))
@@ -94,6 +95,14 @@ def _specials(x: torch.Tensor) -> torch.Tensor:
     x = x.clone()
     x.view(-1)[:3] = torch.tensor([math.nan, math.inf, -math.inf])
     return x
+
+
+def _attention_backward_sample(m: Maker) -> Sample:
+    """(grad_out, q, k, v, out, logsumexp) with out and logsumexp from ATen's CPU flash forward."""
+    q, k, v, g = (m.t(1, 2, 40, 16, lo=-1.0, hi=1.0) for _ in range(4))
+    causal = m.dtype == bf16
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=0.25)
+    return [g, q, k, v, o, lse], {"scale": 0.25, "causal": causal}
 
 
 def sample(op: str, dtype: torch.dtype, seed: int) -> Sample:

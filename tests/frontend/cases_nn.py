@@ -213,6 +213,22 @@ add([L(aten.scaled_dot_product_attention.default, lambda m: _qkv(m), "plain"),
        outputs=(0,)),
      F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: _qkv(m), "logsumexp-used", extern=True)])
 
+
+def _flash_backward_args(m, causal=False, hq=4, hk=4):
+    """(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal) with out and logsumexp from the forward."""
+    q, k, v = _qkv(m, hq=hq, hk=hk, lq=6 if causal else 5)
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    return (m.t(*o.shape), q, k, v, o, lse, 0.0, causal)
+
+
+add([F(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, lambda m: _flash_backward_args(m), "plain"),
+     F(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+       lambda m: _flash_backward_args(m, causal=True), "causal"),
+     F(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+       lambda m: _flash_backward_args(m, hk=2), "gqa"),
+     F(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+       lambda m: (*_flash_backward_args(m)[:6], 0.5, False), "dropout", extern=True)])
+
 # ------------------------------------------------------------------------ convolutions
 add([L(aten.convolution.default, lambda m: (m.t(1, 2, 5, 5), m.t(3, 2, 3, 3), m.t(3), [1, 1], [1, 1], [1, 1],
                                              False, [0, 0], 1), "2d", extern=True),

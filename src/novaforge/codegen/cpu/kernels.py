@@ -9,7 +9,8 @@
 * ``matmul``    a library matmul (torch.matmul into the output or a scratch buffer, through
                 strided views of the inputs) followed by the generated epilogue, if any;
 * ``attention`` the library's fused attention (scaled_dot_product_attention) or the generated
-                flash kernel, then the epilogue;
+                flash kernel, then the epilogue (attention's backward is a ``gen`` kernel:
+                attention_backward.py);
 * ``torch``     the body through the interpreter's torch ops (anything not generated yet),
                 with `reason` saying why.
 
@@ -33,6 +34,7 @@ from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, analyze_body, body_space, operand
 from .attention import plan_flash_attention
+from .attention_backward import plan_flash_attention_backward
 from .cexpr import NOT_RENDERED, check_dtype
 from .columns import lane_dim, render_reduction_columns
 from .loops import (
@@ -256,6 +258,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
                 return KernelPlan("gen", gen=plan_gather(kernel, target))
             if op == "scatter_add":
                 return KernelPlan("gen", gen=plan_scatter_add(kernel, target))
+            if op == "attention_backward":
+                return KernelPlan("gen", gen=plan_flash_attention_backward(kernel, target))
             if op is not None and OPS[op].reduce is not None:
                 return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
             if op in NOT_RENDERED:

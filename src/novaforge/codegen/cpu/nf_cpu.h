@@ -346,6 +346,33 @@ NF_INLINE void nf_tile_rank(const float* a, long lda, const float* b, long ldb, 
   }
 }
 
+// The same with A read transposed: c[r][0:2V] (+)= sum_{k < n} a[k][r] * b[k][0:2V] (attention's
+// backward: dV += P^T dO and dK += dS^T Q from the row-major P and dS tiles, no transposed copy)
+template <int R, bool ACC>
+NF_INLINE void nf_tile_rank_at(const float* a, long lda, const float* b, long ldb, long n, float* c, long ldc) {
+  nf_vf acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    acc[r][0] = ACC ? nf_vload(c + r * ldc) : nf_vsplat(0.0f);
+    acc[r][1] = ACC ? nf_vload(c + r * ldc + NF_VEC) : nf_vsplat(0.0f);
+  }
+  for (long k = 0; k < n; k++) {
+    const nf_vf b0 = nf_vload(b + k * ldb), b1 = nf_vload(b + k * ldb + NF_VEC);
+    const float* ak = a + k * lda;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const nf_vf av = nf_vsplat(ak[r]);
+      acc[r][0] += av * b0;
+      acc[r][1] += av * b1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    nf_vstore(c + r * ldc, acc[r][0]);
+    nf_vstore(c + r * ldc + NF_VEC, acc[r][1]);
+  }
+}
+
 // A per-thread, 64-byte aligned scratch buffer of at least `floats` floats (slot 0 or 1), kept
 // and grown across calls (a generated kernel never holds it across another kernel's call).
 #include <cstdlib>

@@ -180,6 +180,58 @@ def _lower_sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_
     return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
 
 
+# ------------------------------------------------------------------ attention's backward
+def _heads_last(t: TensorType) -> TensorType:
+    """[..., H, L, E] -> the type of the same tensor stored as [..., L, H, E]."""
+    return TensorType(t.shape[:-3] + (t.shape[-2], t.shape[-3], t.shape[-1]), t.dtype, t.device)
+
+
+def _attention_backward_infer(ts, a):
+    g, q, k, v, o, lse = ts[:6]
+    _attention_infer([q, k, v] + list(ts[6:]), a)
+    if g.shape != o.shape or o.shape != q.shape[:-1] + (v.shape[-1],) or g.dtype != q.dtype or o.dtype != q.dtype:
+        raise ValueError(f"attention_backward: grad_out {g} and out {o} must match the attention's output")
+    if lse.dtype != torch.float32 or lse.shape != q.shape[:-1]:
+        raise ValueError(f"attention_backward: logsumexp must be float32 of shape {q.shape[:-1]}, got {lse}")
+    return [_heads_last(q), _heads_last(k), _heads_last(v)]
+
+
+def _attention_backward_impl(xs, a):
+    g, q, k, v, o, lse = xs[:6]
+    mask = xs[6] if len(xs) == 7 else None
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, o, lse, 0.0, a["causal"], attn_mask=mask, scale=a["scale"])
+    return tuple(t.transpose(-3, -2).contiguous() for t in grads)
+
+
+attention_backward_ = define(
+    "attention_backward", (6, 7), _attention_backward_infer, _attention_backward_impl,
+    attrs={"scale": REQUIRED, "causal": False}, family=FAMILY,
+    doc="(dq, dk, dv) of attention(q, k, v[, mask]) from (grad_out, q, k, v, out, logsumexp[, mask]), "
+        "each gradient stored heads-last ([..., L, H, E], the layout of ATen's CPU flash backward); "
+        "the mask is additive, of q's dtype",
+    cost=lambda ins, outs, a: 2.5 * attention_flops(ins[1:4], ins[4:5], a["causal"]))
+
+
+@attention_backward_.lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _lower_sdpa_flash_cpu_backward(ctx, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                                   attn_mask=None, scale=None):
+    """The backward of `_scaled_dot_product_flash_attention_for_cpu` (what autograd records for
+    SDPA on the CPU): one `attention_backward` node, its heads-last gradients seen as [..., H, L, E]."""
+    if dropout_p:
+        return ctx.extern("attention dropout")
+    ins = [ctx.val(t) for t in (grad_out, query, key, value, out, logsumexp)]
+    if attn_mask is not None:
+        ins.append(ctx.val(attn_mask))
+    if ins[1].type.rank < 3:
+        return ctx.extern("attention without a head axis")
+    scale = 1.0 / math.sqrt(ins[1].type.shape[-1]) if scale is None else float(scale)
+    node = ctx.emit_node("attention_backward", ins, {"scale": scale, "causal": bool(is_causal)})
+    r = ins[1].type.rank
+    perm = tuple(range(r - 3)) + (r - 2, r - 3, r - 1)
+    return tuple(ctx.permute(o, perm) for o in node.outputs)
+
+
 # ---------------------------------------------------------------------------- VJP rules
 @matmul_.defvjp
 def _matmul_vjp(b, n, cts):  # dA = G B^T, dB = A^T G (broadcast batch dims summed back by autodiff)
