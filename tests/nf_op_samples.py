@@ -84,6 +84,8 @@ SPECIAL: dict[str, Callable[[Maker], Sample]] = {
     "attention": lambda m: ([m.t(1, 2, 8, 16), m.t(1, 2, 8, 16), m.t(1, 2, 8, 16)],
                             {"scale": 0.25, "causal": m.dtype == bf16}),
     "attention_backward": lambda m: _attention_backward_sample(m),
+    "attention_lse": lambda m: ([m.t(1, 2, 40, 16), m.t(1, 2, 40, 16), m.t(1, 2, 40, 16)],
+                                {"scale": 0.25, "causal": m.dtype == f32}),
     **{op: (lambda m: ([m.t(4, 6)], {"target": "aten.cumprod.default",
                                      "spec": ("__list__", ("__list__", TensorArg(0), 1), ("__dict__",)),
                                      "out_types": (TensorType((4, 6), m.dtype),)}))

@@ -211,7 +211,11 @@ add([L(aten.scaled_dot_product_attention.default, lambda m: _qkv(m), "plain"),
      F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: _qkv(m), "plain", outputs=(0,)),
      F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: (*_qkv(m, lq=6), 0.0, True), "causal",
        outputs=(0,)),
-     F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: _qkv(m), "logsumexp-used", extern=True)])
+     F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: _qkv(m), "logsumexp-used"),
+     F(aten._scaled_dot_product_flash_attention_for_cpu.default, lambda m: (*_qkv(m, lq=6), 0.0, True),
+       "logsumexp-used-causal"),
+     F(aten._scaled_dot_product_flash_attention_for_cpu.default,
+       lambda m: ((*_qkv(m), 0.0, False), {"attn_mask": m.t(2, 1, 5, 6)}), "logsumexp-used-mask")])
 
 
 def _flash_backward_args(m, causal=False, hq=4, hk=4):

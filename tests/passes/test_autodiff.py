@@ -20,7 +20,8 @@ f32, bf16 = torch.float32, torch.bfloat16
 # ops without a VJP rule, and why (everything else with float inputs and outputs has one)
 NO_VJP = {"index": "advanced indexing with several index tensors: not yet",
           "extern": "an ATen call", "extern_effect": "an ATen call",
-          "attention_backward": "a gradient itself (lowered from autograd's SDPA backward); no double backward"}
+          "attention_backward": "a gradient itself (lowered from autograd's SDPA backward); no double backward",
+          "attention_lse": "lowered from autograd's traced SDPA forward, whose backward is attention_backward"}
 TOL = {f32: 2e-5, bf16: 3e-2}  # relative to the gradient's norm
 
 

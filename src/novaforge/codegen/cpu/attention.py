@@ -51,10 +51,20 @@ def _batch_strides(op: Operand, out_batch: tuple[int, ...], tail: int) -> list[i
 
 def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = False) -> GenKernel:
     """heads_last: the kernel stores its output as [..., L, Hq, Ev] (the fused transpose of a
-    `copy(permute(attention))` epilogue) instead of [..., Hq, L, Ev]."""
+    `copy(permute(attention))` epilogue) instead of [..., Hq, L, Ev].
+
+    An `attention` anchor's function takes (its output, the body's inputs, the body's outputs);
+    an `attention_lse` kernel (a single node: training's forward) takes (the body's inputs, the
+    output stored heads-last, the float32 row logsumexp [..., Hq, L])."""
     body = kernel.body
     anchor = kernel.anchor_node
-    assert anchor is not None and anchor.op == "attention"
+    lse_out = anchor is None
+    if lse_out:
+        nodes = [n for n in body.nodes if n.op == "attention_lse"]
+        if len(nodes) != 1 or list(body.outputs) != list(nodes[0].outputs):
+            raise Unsupported("attention_lse kernel with extra nodes")
+        anchor, heads_last = nodes[0], True
+    assert anchor.op in ("attention", "attention_lse")
     ops = [operand(body, v) for v in anchor.inputs]
     q, k, v = ops[:3]
     mask = ops[3] if len(ops) == 4 else None
@@ -104,8 +114,16 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
     key = (f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
            f"|{heads_last}")
     head_off, row_stride = (Ev, hq * Ev) if heads_last else (L * Ev, Ev)
+    if lse_out and not all(isinstance(x, int) for op in ops for x in (*op.layout.shape, *op.layout.strides,
+                                                                      op.layout.offset)):
+        raise Unsupported("attention with its logsumexp and symbolic sizes runs through torch")
+    key += "|lse" if lse_out else ""
     name = function_name(key, sched, "a")
     n_args = 1 + len(body.inputs) + len(body.outputs)
+    inb = 1  # the first input's argument (after the anchor's output)
+    out_arg = "p0"
+    if lse_out:
+        n_args, inb, out_arg = len(body.inputs) + 2, 0, f"p{len(body.inputs)}"
     bf16 = dt == torch.bfloat16
     T = "uint16_t" if bf16 else "float"  # storage type of q, k, v, out (bf16 is converted to float on load)
     mtype = "uint8_t" if mask is not None and mask.dtype == torch.bool else T
@@ -122,12 +140,14 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c("return 0;")
             c.close()
             return c.text()
-        c(f"{T}* out = ({T}*)p0;")
-        c(f"const {T}* qg = (const {T}*)p{1 + q.buf} + {q.layout.offset};")
-        c(f"const {T}* kg = (const {T}*)p{1 + k.buf} + {k.layout.offset};")
-        c(f"const {T}* vg = (const {T}*)p{1 + v.buf} + {v.layout.offset};")
+        c(f"{T}* out = ({T}*){out_arg};")
+        if lse_out:
+            c(f"float* lseg = (float*)p{len(body.inputs) + 1};")
+        c(f"const {T}* qg = (const {T}*)p{inb + q.buf} + {q.layout.offset};")
+        c(f"const {T}* kg = (const {T}*)p{inb + k.buf} + {k.layout.offset};")
+        c(f"const {T}* vg = (const {T}*)p{inb + v.buf} + {v.layout.offset};")
         if mask is not None:
-            c(f"const {mtype}* mg = (const {mtype}*)p{1 + mask.buf};")
+            c(f"const {mtype}* mg = (const {mtype}*)p{inb + mask.buf};")
             c("const bool tri = mg == nullptr;  // a null mask: the causal triangle (see the module docstring)")
             c(f"if (!tri) mg += {mask.layout.offset};")
         nqb = -(-L // BQ)
@@ -255,6 +275,8 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c("#pragma omp simd")
         val = "nf_bf16_store(acc[r][e] * inv)" if bf16 else "acc[r][e] * inv"
         c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = {val};")
+        if lse_out:  # log(sum exp(s)) in the scores' units (scale and mask applied); 0 for a row without keys
+            c(f"lseg[(b * {hq} + h) * {L} + i0 + r] = l[r] > 0.0f ? m[r] + nf_log(l[r]) : 0.0f;")
         c.close()
         c.close()  # query blocks
         c.close()  # tasks
@@ -263,7 +285,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         return c.text()
 
     del out_t
-    return GenKernel(name, n_args, render, sched, key, mask_arg=1 + mask.buf if mask is not None else None)
+    return GenKernel(name, n_args, render, sched, key, mask_arg=inb + mask.buf if mask is not None else None)
 
 
 def _causal_end(i: str, S, causal: bool, masked: bool) -> str:

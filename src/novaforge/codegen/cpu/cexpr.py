@@ -272,6 +272,7 @@ TEMPLATES: dict[str, str] = {
     "scatter_add": "a scatter kernel (singles.py)",
     "matmul": "nf_gemm with a fused epilogue (matmul.py), or the library matmul and a generated epilogue",
     "attention": "a generated flash-attention kernel (attention.py), or the library's, with a generated epilogue",
+    "attention_lse": "the generated flash-attention kernel (attention.py) storing its row logsumexp too",
     "attention_backward": "a generated flash-attention backward kernel (attention_backward.py)",
 }
 NOT_RENDERED: dict[str, str] = dict(NOT_GENERATED)  # the ops neither backend generates

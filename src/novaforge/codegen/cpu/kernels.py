@@ -260,6 +260,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
                 return KernelPlan("gen", gen=plan_scatter_add(kernel, target))
             if op == "attention_backward":
                 return KernelPlan("gen", gen=plan_flash_attention_backward(kernel, target))
+            if op == "attention_lse":
+                return KernelPlan("gen", gen=plan_flash_attention(kernel, target))
             if op is not None and OPS[op].reduce is not None:
                 return KernelPlan("gen", gen=_plan_full_reduction(kernel, target))
             if op in NOT_RENDERED:

@@ -175,15 +175,55 @@ def _lower_sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_
     if dropout_p:
         return ctx.extern("attention dropout")
     if ctx.used_outputs() - {0}:
-        return ctx.extern("attention's logsumexp output is used")
+        return _lower_attention_lse(ctx, q, k, v, attn_mask, is_causal, scale)
     out = attention(ctx, q, k, v, attn_mask, is_causal, scale)
     return (out,) + (None,) * (len(ctx.fx_node.meta["val"]) - 1)
 
 
-# ------------------------------------------------------------------ attention's backward
+def _heads_first(ctx, v):
+    """A heads-last value [..., L, H, E] seen as [..., H, L, E]."""
+    r = v.type.rank
+    return ctx.permute(v, tuple(range(r - 3)) + (r - 2, r - 3, r - 1))
+
+
+def _lower_attention_lse(ctx, q, k, v, mask, is_causal: bool, scale):
+    """Training's forward (autograd saves the logsumexp for the backward): one `attention_lse` node."""
+    ins = [ctx.val(a) for a in (q, k, v)] + ([ctx.val(mask)] if mask is not None else [])
+    if ins[0].type.rank < 3:
+        return ctx.extern("attention without a head axis")
+    if mask is not None and is_causal:
+        return ctx.extern("attention with both a mask and is_causal")
+    scale = 1.0 / math.sqrt(ins[0].type.shape[-1]) if scale is None else float(scale)
+    node = ctx.emit_node("attention_lse", ins, {"scale": scale, "causal": bool(is_causal)})
+    return (_heads_first(ctx, node.outputs[0]), node.outputs[1])
+
+
+# ------------------------------------------------------- attention for training (forward, backward)
 def _heads_last(t: TensorType) -> TensorType:
     """[..., H, L, E] -> the type of the same tensor stored as [..., L, H, E]."""
     return TensorType(t.shape[:-3] + (t.shape[-2], t.shape[-3], t.shape[-1]), t.dtype, t.device)
+
+
+def _attention_lse_infer(ts, a):
+    (out,) = _attention_infer(ts, a)
+    return [_heads_last(out), TensorType(out.shape[:-1], torch.float32, out.device)]
+
+
+def _attention_lse_impl(xs, a):
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) == 4 else None
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, a["causal"], attn_mask=mask,
+                                                               scale=a["scale"])
+    return out.transpose(-3, -2).contiguous(), lse.contiguous()
+
+
+attention_lse_ = define(
+    "attention_lse", (3, 4), _attention_lse_infer, _attention_lse_impl,
+    attrs={"scale": REQUIRED, "causal": False}, family=FAMILY,
+    doc="attention's output stored heads-last ([..., L, Hq, Ev]) and its float32 row logsumexp [..., Hq, L] "
+        "(log sum exp of q k^T * scale + mask; 0 for a row without keys): the forward that training saves for "
+        "attention_backward, as ATen's CPU flash forward does",
+    cost=lambda ins, outs, a: attention_flops(ins, [_attention_infer(ins, a)[0]], a["causal"]))
 
 
 def _attention_backward_infer(ts, a):
@@ -227,9 +267,7 @@ def _lower_sdpa_flash_cpu_backward(ctx, grad_out, query, key, value, out, logsum
         return ctx.extern("attention without a head axis")
     scale = 1.0 / math.sqrt(ins[1].type.shape[-1]) if scale is None else float(scale)
     node = ctx.emit_node("attention_backward", ins, {"scale": scale, "causal": bool(is_causal)})
-    r = ins[1].type.rank
-    perm = tuple(range(r - 3)) + (r - 2, r - 3, r - 1)
-    return tuple(ctx.permute(o, perm) for o in node.outputs)
+    return tuple(_heads_first(ctx, o) for o in node.outputs)
 
 
 # ---------------------------------------------------------------------------- VJP rules
