@@ -37,6 +37,7 @@ class Options:
     check: str | None = None  # None: $NOVAFORGE_CHECK decides; "0" off; "1" verifier; "numerics" also kernels
     pass_fuel: Mapping[int, int] = field(default_factory=dict)  # pass position -> decisions it may take
     pass_trace: bool = False  # pass records keep a description of every decision
+    memory_budget: float = 1.0  # training: share of the forward-to-backward bytes kept (the rest recomputed; remat.py)
     compile_only: bool = False  # build without data (set by CompiledModule.compile_only)
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
@@ -67,6 +68,9 @@ class Options:
         _choice("matmul_loader", self.matmul_loader, MATMUL_LOADERS)
         _choice("matmul_executor", self.matmul_executor, MATMUL_EXECUTORS)
         _choice("generate_cache", self.generate_cache, GENERATE_CACHES)
+        if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int | float) \
+                or not 0.0 <= self.memory_budget <= 1.0:
+            raise ValueError(f"option memory_budget={self.memory_budget!r}; expected a number in [0, 1]")
         if self.matmul_persistent not in ("auto", "on", "off", True, False, None):
             raise ValueError(f"option matmul_persistent={self.matmul_persistent!r}; expected 'auto', 'on' or 'off'")
         if self.check is not None:  # normalized: None (unset, "" too), "0", "1" or "numerics"

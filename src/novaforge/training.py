@@ -3,8 +3,8 @@
 Two entry points:
 
 * `TrainEntry` (used by `novaforge.compile(model)` for calls that need gradients): the call is
-  traced by AOTAutograd into a forward and a backward ATen graph (its min-cut partitioner
-  decides which forward values the backward keeps and which it recomputes); each graph goes
+  traced by AOTAutograd into a forward and a backward ATen graph (its default partitioner: the
+  backward keeps every forward value it reads, nothing is recomputed); each graph goes
   through novaforge's pass pipeline and backend (`frontend.dynamo` compilers, the same as
   `torch.compile(backend="novaforge")`), and the call returns outputs differentiable through one
   `autograd.Function` around the two compiled programs: `loss.backward()` fills `.grad` of the

@@ -1,12 +1,15 @@
 """passes/remat.py: cheap elementwise values read near and far are recomputed for the far
-readers; results unchanged (interpreter and the CPU backend against eager)."""
+readers; under a memory budget, matmuls too; results unchanged (interpreter and the CPU backend
+against eager)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import novaforge
 from nf_testing import captured_graph
+from novaforge.options import Options
 from novaforge.passes.context import PassContext
 from novaforge.passes.pipeline import graph_passes, run_pipeline
 from novaforge.passes.remat import FAR, remat
@@ -88,3 +91,35 @@ def test_compiled_results_equal_eager():
     kernels = [n for n in c.stats().graph.nodes if n.op == "kernel"]
     with_gelu = [n for n in kernels if any(m.op == "gelu" for m in n.attrs["kernel"].body.nodes)]
     assert [n.attrs["kernel"].kind for n in with_gelu] == ["matmul", "pointwise"]
+
+
+def test_memory_budget_recomputes_a_matmul_and_frees_its_bytes():
+    x, dy = torch.randn(512, 32), torch.randn(512, 32)
+    g = _graph(x, dy)
+    default, budget = PassContext(), PassContext(options=Options(memory_budget=0.0))
+    plain, lean = remat(g, default), remat(g, budget)
+    assert not any(k.startswith("budget") for k in default.counters)
+    # h = x @ W1 + B1 is read far (dh's tanh(h)): recomputed from x, a graph input, with its matmul
+    assert budget.counters["budget_recomputed"] == 1
+    assert budget.counters["budget_recomputed_bytes"] == 512 * 128 * 4
+    assert budget.counters["budget_kept_bytes"] < budget.counters["budget_far_bytes"]
+    count = lambda gr: sum(n.op == "matmul" for n in gr.nodes)  # noqa: E731
+    assert count(lean) == count(plain) + 1
+    args = [x, dy]
+    for a, b in zip(interpret(g, args), interpret(lean, args), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_memory_budget_compiled_results_equal_eager():
+    x, dy = torch.randn(512, 32), torch.randn(512, 32)
+    ref = step_like(x, dy)
+    c = novaforge.compile(step_like, backend="cpu", memory_budget=0.0)
+    for r, o in zip(ref, c(x, dy), strict=True):
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+    assert {r.name: r.counters for r in c.stats().records}["remat"]["budget_recomputed"] == 1
+
+
+def test_memory_budget_is_validated():
+    for bad in (1.5, -0.1, "half", True):
+        with pytest.raises((ValueError, TypeError), match="memory_budget"):
+            Options(memory_budget=bad)

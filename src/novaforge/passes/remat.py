@@ -15,6 +15,19 @@ Far means more than `FAR` nodes apart in the graph's order (the fuse pass keeps 
 out of the early value's kernel by the same measure, see passes/fuse.py). Values smaller than
 `MIN_BYTES` are left alone. The copy computes the same op on the same inputs: the same values.
 
+**memory_budget** (option, 1.0 by default: only the above). The forward-to-backward bytes are
+those of the values (at least `MIN_BYTES`, not graph outputs) read far from their definition, in
+the traced order (that includes weight gradients waiting for the optimizer update, which the
+order pass later moves next to their GEMM). With a budget below 1, values are recomputed for
+their far readers, whatever their op (matmuls, reductions; not externs, random or multi-output
+ops), until at most budget x those bytes are kept from definition to far reader. Candidates go
+cheapest first by recompute FLOPs per byte freed. A candidate's inputs must be kept anyway, or
+be computed again by such nodes (up to `BUDGET_DEPTH` levels: a bias add, its matmul, the
+LayerNorm output it reads) from such inputs. An input that is itself recomputed is not kept: a
+chain that needs it uses its one copy (made at the first point that needs it), never the
+original. The pass counts the bytes it freed and the FLOPs it added (`budget_*` in the pass
+record, shown by the report).
+
 Invariant: the result computes what the input graph computes; no value's definition moves,
 and a recomputed node is emitted after all its inputs and before every reader it feeds.
 """
@@ -22,22 +35,32 @@ and a recomputed node is emitted after all its inputs and before every reader it
 from __future__ import annotations
 
 from ..ir import OPS, Graph, Node, Rewriter, Value
+from ..ir.ops import node_flops
 from ..ir.symbolic import hint
 from ..ir.views import readers_through_views
 from .context import PassContext, describe
 
 DEPTH = 2  # elementwise producers recomputed along with a value (beyond the value's own node)
+BUDGET_DEPTH = 4  # producers recomputed along with a value under a memory budget (a bias add's matmul, ...)
 FAR = 128  # nodes between a value's definition and a reader that makes the reader "far"
 MIN_BYTES = 64 * 1024  # smaller values are not worth a recomputation
 
 
-def _available(graph: Graph, w: Value, defined: dict[Value, Node], pos: dict[Node, int], at: int) -> bool:
-    """Is w free to read at position `at`: a graph input, a generator (through views), or a value
-    that is read at or after `at` anyway?"""
+def _root(w: Value, defined: dict[Value, Node]) -> Value:
     while w in defined and OPS[defined[w].op].has("view"):
         w = defined[w].inputs[0]
+    return w
+
+
+def _available(graph: Graph, w: Value, defined: dict[Value, Node], pos: dict[Node, int], at: int,
+               dropped: frozenset[Value] | set[Value] = frozenset()) -> bool:
+    """Is w free to read at position `at`: a graph input, a generator (through views), or a value
+    that is read at or after `at` anyway (and not `dropped`: recomputed for its far readers)?"""
+    w = _root(w, defined)
     if w not in defined or OPS[defined[w].op].has("generator"):
         return True
+    if w in dropped:
+        return False
     return max((pos[u] for u, _ in readers_through_views(graph, w)), default=-1) >= at
 
 
@@ -77,6 +100,9 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
         if _recomputable(graph, n, defined, pos, first, DEPTH) and ctx.take_fuel(
                 lambda n=n, k=k: f"remat: recompute {describe(n)} for {k} far reader(s)"):
             plans[n] = far
+    dropped: set[Value] = set()
+    if ctx.options.memory_budget < 1.0:
+        dropped = _budget_plans(graph, plans, ctx, pos, defined, escaping)
     if not plans:
         return graph
     by_reader: dict[Node, list[tuple[Node, list[Node]]]] = {}
@@ -89,23 +115,27 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
     subst: dict[Value, Value] = {}
 
     def recompute(n: Node, at: Node) -> Value:
-        """n emitted again, with the inputs that are not available at `at` recomputed too."""
+        """n emitted again, with the inputs that are not available at `at` recomputed too (under a
+        memory budget, a recomputed value's one copy, made here if it was not made yet)."""
         ins = []
         for w in n.inputs:
             p = defined.get(w)
-            if p is not None and not _available(graph, w, defined, pos, pos[at]):
-                ins.append(recompute(p, at))
+            if p is not None and not _available(graph, w, defined, pos, pos[at], dropped):
+                ins.append(planned_copy(p, at) if dropped and p in plans else recompute(p, at))
             else:
                 ins.append(rw.get(w))
         return rw.emit(n.op, ins, n.attrs, meta=dict(n.meta or {})).outputs[0]
 
+    def planned_copy(n: Node, at: Node) -> Value:
+        if n not in copies:
+            copies[n] = recompute(n, at)
+            ctx.count("recomputed")
+            ctx.count("recomputed_bytes", hint(n.outputs[0].type.nbytes))
+        return copies[n]
+
     for node in graph.nodes:
         for n, chain in by_reader.get(node, ()):
-            if n not in copies:
-                copies[n] = recompute(n, node)
-                ctx.count("recomputed")
-                ctx.count("recomputed_bytes", hint(n.outputs[0].type.nbytes))
-            x = copies[n]
+            x = planned_copy(n, node)
             for vn in chain:
                 key = (vn, x)
                 if key not in views:
@@ -121,3 +151,74 @@ def remat(graph: Graph, ctx: PassContext | None = None) -> Graph:
         else:
             rw.keep(node)
     return rw.finish()
+
+
+def _budget_candidate(n: Node) -> bool:
+    d = OPS[n.op]
+    return len(n.outputs) == 1 and not any(d.has(f) for f in ("view", "generator", "extern", "random", "side_effect",
+                                                                "fused"))
+
+
+def _chain_flops(graph: Graph, n: Node, at: int, defined: dict[Value, Node], pos: dict[Node, int],
+                 dropped: set[Value], depth: int) -> float | None:
+    """FLOPs of computing n again at position `at` (with its producers that are not available
+    there, up to `depth` levels); None when it cannot be."""
+    flops = node_flops(n.op, [v.type for v in n.inputs], [o.type for o in n.outputs], n.attrs)
+    for w in n.inputs:
+        if _available(graph, w, defined, pos, at, dropped):
+            continue
+        p = defined.get(w)
+        while p is not None and OPS[p.op].has("view"):
+            p = defined.get(p.inputs[0])
+        if depth <= 0 or p is None or not _budget_candidate(p):
+            return None
+        f = _chain_flops(graph, p, at, defined, pos, dropped, depth - 1)
+        if f is None:
+            return None
+        flops += f
+    return flops
+
+
+def _budget_plans(graph: Graph, plans: dict[Node, list], ctx: PassContext, pos: dict[Node, int],
+                  defined: dict[Value, Node], escaping: set[Value]) -> set[Value]:
+    """Add recomputations (to `plans`) until at most memory_budget x the forward-to-backward bytes
+    are kept; returns the values whose far readers read a recomputed copy (see the docstring)."""
+    kept: list[tuple[Node, list, int]] = []
+    total = 0
+    for n in graph.nodes:
+        if not _budget_candidate(n):
+            continue
+        v = n.outputs[0]
+        nbytes = hint(v.type.nbytes)
+        if v in escaping or not isinstance(nbytes, int) or nbytes < MIN_BYTES:
+            continue
+        far = [(u, chain) for u, chain in readers_through_views(graph, v) if pos[u] - pos[n] > FAR]
+        if far:
+            total += nbytes
+            if n not in plans:
+                kept.append((n, far, nbytes))
+    dropped = {n.outputs[0] for n in plans}
+    left = sum(b for _, _, b in kept)
+    target = ctx.options.memory_budget * total
+    ctx.count("budget_far_bytes", total)
+    costs = []
+    for n, far, nbytes in kept:
+        f = _chain_flops(graph, n, min(pos[u] for u, _ in far), defined, pos, dropped, BUDGET_DEPTH)
+        if f is not None:
+            costs.append((f / nbytes, pos[n], n, far, nbytes))
+    costs.sort(key=lambda c: c[:2])
+    for _, _, n, far, nbytes in costs:
+        if left <= target:
+            break
+        f = _chain_flops(graph, n, min(pos[u] for u, _ in far), defined, pos, dropped, BUDGET_DEPTH)
+        if f is None or not ctx.take_fuel(
+                lambda n=n, f=f: f"remat (memory_budget): recompute {describe(n)} ({f / 1e6:.1f} MFLOP)"):
+            continue
+        plans[n] = far
+        dropped.add(n.outputs[0])
+        left -= nbytes
+        ctx.count("budget_recomputed")
+        ctx.count("budget_recomputed_bytes", nbytes)
+        ctx.count("budget_recompute_mflop", round(f / 1e6))
+    ctx.count("budget_kept_bytes", left)
+    return dropped
