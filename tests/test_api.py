@@ -66,6 +66,26 @@ def test_gradients_flow_and_are_not_detached():
     torch.testing.assert_close(gw, m.lin.weight.grad, atol=1e-5, rtol=1e-4)
 
 
+def test_closure_tensors_that_require_grad_get_their_gradients():
+    """A plain function reading a weight (or a module) from its closure: its program holds them as
+    constants, so a call in grad mode runs eagerly and the weights get eager's gradients (before,
+    the output came back detached); under no_grad the program runs."""
+    w = torch.randn(8, 8, requires_grad=True)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    c = novaforge.compile(lambda x: lin(x @ w).pow(2).sum(), backend=BACKEND)
+    c(x).backward()
+    gw, gl = w.grad.clone(), lin.weight.grad.clone()
+    w.grad, lin.weight.grad = None, None
+    lin(x @ w).pow(2).sum().backward()
+    torch.testing.assert_close(gw, w.grad)
+    torch.testing.assert_close(gl, lin.weight.grad)
+    with torch.no_grad():
+        out = c(x)
+    assert not out.requires_grad  # (grad mode is part of the signature: a program of its own)
+    torch.testing.assert_close(out, lin(x @ w).pow(2).sum().detach(), atol=1e-4, rtol=1e-5)
+
+
 def test_buffer_mutation_is_written_back():
     bn = torch.nn.BatchNorm1d(6).train()
     ref = torch.nn.BatchNorm1d(6).train()

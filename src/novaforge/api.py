@@ -9,7 +9,9 @@ and buffers are read from the module at every call (in-place updates are seen), 
 Gradients: a module call that needs them (grad mode on and an input or parameter requiring
 grad) runs AOTAutograd's forward and backward graphs compiled by novaforge (training.TrainEntry);
 a plain function's call that needs them runs the optimized graph through the reference
-interpreter with autograd recording. Either way gradients are correct; nothing silently detaches.
+interpreter with autograd recording, and one that reads tensors requiring grad from its closure
+(constants of its program) runs eagerly, with a warning. Either way gradients are correct;
+nothing silently detaches.
 `dynamic=` traces chosen sizes once as symbols (frontend/symbolic_entry.py).
 """
 
@@ -90,6 +92,7 @@ class CompiledModule:
         self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
         self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
+        self._warned_closure = False  # warned once that closure tensors requiring grad run eagerly
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
         self.last_stats: CompileStats | None = None
@@ -130,6 +133,16 @@ class CompiledModule:
                     entry = self._compile(*_distinct(args, kwargs, tensors))
                     self._programs[key] = entry
                     self.tiering.built(key)
+        if key[2] and not self.freeze and any(t.requires_grad for t in entry.captured.frozen):
+            # the function closed over tensors that require grad (not parameters of a module): the
+            # program holds them as constants, so only eager gives their gradients
+            if not self._warned_closure:
+                self._warned_closure = True
+                _log_runtime.warning("novaforge: the compiled function reads tensors that require grad from its "
+                                     "closure (not parameters of a module); with grad enabled its calls run eagerly "
+                                     "so that those tensors get gradients. Pass them as arguments or compile an "
+                                     "nn.Module to compile the backward too")
+            return self._eager(args, kwargs)
         if entry.mut_targets and _share_memory(tensors, entry.binding.refs):
             # the program mutates an input that another input (or a parameter) shares memory
             # with: its functional graph cannot see the second name change, eager can
