@@ -30,7 +30,7 @@ import math
 import torch
 
 from ...ir import Kernel
-from ...ir.symbolic import hint
+from ...ir.symbolic import hint, is_symbolic
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Operand, Unsupported, operand
@@ -38,7 +38,8 @@ from .loops import Code, GenKernel, coalesce, function_name, signature
 
 
 def _batch_strides(op: Operand, out_batch: tuple[int, ...], tail: int) -> list[int]:
-    """Strides of op's leading dims broadcast onto out_batch (op has `tail` trailing dims)."""
+    """Strides of op's leading dims broadcast onto out_batch (op has `tail` trailing dims; 0 for
+    dims op lacks or broadcasts)."""
     lay = op.layout
     nb = len(lay.shape) - tail
     off = len(out_batch) - nb
@@ -83,12 +84,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
     # flatten the batch dims of q, k, v, mask and out into one
     strides = [_batch_strides(q, batch, 3), _batch_strides(k, batch, 3), _batch_strides(v, batch, 3)]
     if mask is not None:
-        mrank = len(mask.layout.shape)
-        full = batch + (hq, L, S)
-        mst = []
-        for d in range(len(full)):
-            j = d - (len(full) - mrank)
-            mst.append(0 if j < 0 or mask.layout.shape[j] == 1 else mask.layout.strides[j])
+        mst = _batch_strides(mask, batch + (hq, L, S), 0)  # the mask broadcast to [..., Hq, L, S]
         mask_tail = mst[-3:]
         strides.append(mst[:-3])
     out_bs = [math.prod(batch[d + 1:]) * hq * L * Ev for d in range(len(batch))]
@@ -114,8 +110,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
     key = (f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
            f"|{heads_last}")
     head_off, row_stride = (Ev, hq * Ev) if heads_last else (L * Ev, Ev)
-    if lse_out and not all(isinstance(x, int) for op in ops for x in (*op.layout.shape, *op.layout.strides,
-                                                                      op.layout.offset)):
+    if lse_out and is_symbolic([(op.layout.shape, op.layout.strides, op.layout.offset) for op in ops]):
         raise Unsupported("attention with its logsumexp and symbolic sizes runs through torch")
     key += "|lse" if lse_out else ""
     name = function_name(key, sched, "a")

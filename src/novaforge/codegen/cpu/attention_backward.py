@@ -14,8 +14,9 @@ tasks write the same gradient element and nothing is reduced across threads. A t
 keeps dK and dV for all keys in float accumulators there, and walks query blocks of `BQ` rows;
 for each it loads q and dO rows and D, then walks key blocks of `BK` keys up to the causal
 limit: the score tile S = q K^T and dP = dO V^T (register tiles vectorized over keys), P and
-dS in place, dV += P^T dO and dK += dS^T q (register tiles that read the two tiles transposed),
-and dQ += dS K in a per-block accumulator. Only BQ x BK tiles of P and dS ever exist.
+dS in place, dV += P^T dO and dK += dS^T q (register tiles that read the two tiles
+transposed: `nf_tile_rank<R, ACC, true>`), and dQ += dS K in a per-block accumulator. Only
+BQ x BK tiles of P and dS ever exist.
 
 Layouts: q, k, v, out, grad_out, lse and the mask are read through their strides (any view);
 the gradients are written heads-last ([..., L, H, E]) and contiguous, as the op's type says.
@@ -33,6 +34,7 @@ import math
 import torch
 
 from ...ir import Kernel
+from ...ir.symbolic import is_symbolic
 from ...schedule.cpu import KernelShape, configure
 from ...schedule.target import CpuTarget
 from .analysis import Unsupported, operand
@@ -43,10 +45,6 @@ BQ = 32  # query rows per block
 BK = 64  # keys per block (a multiple of two vectors of every SIMD width)
 
 
-def _static(lay) -> bool:
-    return all(isinstance(x, int) for x in (*lay.shape, *lay.strides, lay.offset))
-
-
 def _product(c: Code, a: str, lda, b: str, ldb, k, out: str, ldo, rows, cols, acc: bool, tiled: bool,
              step: int, a_t: bool = False, groups: tuple[int, ...] = (6, 4, 1)) -> None:
     """out[r][0:cols] (+)= sum_{k' < k} A[r][k'] * b[k' * ldb + 0:cols] for r < rows, where
@@ -55,10 +53,11 @@ def _product(c: Code, a: str, lda, b: str, ldb, k, out: str, ldo, rows, cols, ac
     c.open("")
     if tiled:
         c("int64_t r_ = 0;")
-        fn, row = ("nf_tile_rank_at", "r_") if a_t else ("nf_tile_rank", f"r_ * {lda}")
+        row = "r_" if a_t else f"r_ * {lda}"
+        flags = f"{'true' if acc else 'false'}, {'true' if a_t else 'false'}"
         for r in groups:
             c(f"for (; r_ + {r} <= {rows}; r_ += {r}) for (int64_t c_ = 0; c_ < {cols}; c_ += {step}) "
-              f"{fn}<{r}, {'true' if acc else 'false'}>({a} + {row}, {lda}, {b} + c_, {ldb}, {k}, "
+              f"nf_tile_rank<{r}, {flags}>({a} + {row}, {lda}, {b} + c_, {ldb}, {k}, "
               f"{out} + r_ * {ldo} + c_, {ldo});")
     else:
         c.open(f"for (int64_t r_ = 0; r_ < {rows}; r_++)")
@@ -90,7 +89,7 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
     if mask is not None and mask.dtype not in (dt, torch.bool):
         raise Unsupported("attention mask dtype")
     layouts = [x.layout for x in ops]
-    if not all(_static(lay) for lay in layouts):
+    if is_symbolic([(lay.shape, lay.strides, lay.offset) for lay in layouts]):
         raise Unsupported("attention backward with symbolic sizes runs through torch")
     *batch, hq, L, E = q.layout.shape
     hk, S, Ev = k.layout.shape[-3], k.layout.shape[-2], v.layout.shape[-1]
@@ -101,11 +100,7 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
     group = hq // hk
     strides = [_batch_strides(x, batch, 3) for x in (g, q, k, v, o)] + [_batch_strides(lse, batch, 2)]
     if mask is not None:
-        full = batch + (hq, L, S)
-        mst = []
-        for d in range(len(full)):
-            j = d - (len(full) - len(mask.layout.shape))
-            mst.append(0 if j < 0 or mask.layout.shape[j] == 1 else mask.layout.strides[j])
+        mst = _batch_strides(mask, batch + (hq, L, S), 0)  # the mask broadcast to [..., Hq, L, S]
         mask_tail = mst[-3:]
         strides.append(mst[:-3])
     for rows, heads, width in ((L, hq, E), (S, hk, E), (S, hk, Ev)):  # the heads-last gradients

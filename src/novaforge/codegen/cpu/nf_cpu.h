@@ -320,9 +320,11 @@ NF_INLINE nf_vf nf_vload(const float* p) { nf_vf v; __builtin_memcpy(&v, p, size
 NF_INLINE void nf_vstore(float* p, nf_vf v) { __builtin_memcpy(p, &v, sizeof v); }
 NF_INLINE nf_vf nf_vsplat(float x) { return x - (nf_vf){}; }  // x - (+0) == x, folds to a broadcast
 
-// c[r][0:2V] (+)= sum_{k < n} a[r][k] * b[k][0:2V] for R rows (R = 1, 4 or 6), accumulators in
-// registers: ACC = false overwrites c (attention's S = Q K^T), true adds to it (O += P V)
-template <int R, bool ACC>
+// c[r][0:2V] (+)= sum_{k < n} A[r][k] * b[k][0:2V] for R rows, accumulators in registers:
+// ACC = false overwrites c (attention's S = Q K^T), true adds to it (O += P V); A[r][k] is
+// a[r * lda + k], or with AT a[k * lda + r] (A read transposed: attention's backward, dV += P^T dO
+// and dK += dS^T Q from the row-major P and dS tiles, no transposed copy)
+template <int R, bool ACC, bool AT = false>
 NF_INLINE void nf_tile_rank(const float* a, long lda, const float* b, long ldb, long n, float* c, long ldc) {
   nf_vf acc[R][2];
 #pragma GCC unroll 8
@@ -334,34 +336,7 @@ NF_INLINE void nf_tile_rank(const float* a, long lda, const float* b, long ldb, 
     const nf_vf b0 = nf_vload(b + k * ldb), b1 = nf_vload(b + k * ldb + NF_VEC);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      const nf_vf av = nf_vsplat(a[r * lda + k]);
-      acc[r][0] += av * b0;
-      acc[r][1] += av * b1;
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    nf_vstore(c + r * ldc, acc[r][0]);
-    nf_vstore(c + r * ldc + NF_VEC, acc[r][1]);
-  }
-}
-
-// The same with A read transposed: c[r][0:2V] (+)= sum_{k < n} a[k][r] * b[k][0:2V] (attention's
-// backward: dV += P^T dO and dK += dS^T Q from the row-major P and dS tiles, no transposed copy)
-template <int R, bool ACC>
-NF_INLINE void nf_tile_rank_at(const float* a, long lda, const float* b, long ldb, long n, float* c, long ldc) {
-  nf_vf acc[R][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    acc[r][0] = ACC ? nf_vload(c + r * ldc) : nf_vsplat(0.0f);
-    acc[r][1] = ACC ? nf_vload(c + r * ldc + NF_VEC) : nf_vsplat(0.0f);
-  }
-  for (long k = 0; k < n; k++) {
-    const nf_vf b0 = nf_vload(b + k * ldb), b1 = nf_vload(b + k * ldb + NF_VEC);
-    const float* ak = a + k * lda;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      const nf_vf av = nf_vsplat(ak[r]);
+      const nf_vf av = nf_vsplat(AT ? a[k * lda + r] : a[r * lda + k]);
       acc[r][0] += av * b0;
       acc[r][1] += av * b1;
     }

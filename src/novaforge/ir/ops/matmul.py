@@ -209,11 +209,13 @@ def _attention_lse_infer(ts, a):
     return [_heads_last(out), TensorType(out.shape[:-1], torch.float32, out.device)]
 
 
+def _aten_flash(op, xs, n: int, a):
+    """ATen's CPU flash `op` on the tensors xs[:n] and the optional mask xs[n] (no dropout)."""
+    return op(*xs[:n], 0.0, a["causal"], attn_mask=xs[n] if len(xs) > n else None, scale=a["scale"])
+
+
 def _attention_lse_impl(xs, a):
-    q, k, v = xs[:3]
-    mask = xs[3] if len(xs) == 4 else None
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, a["causal"], attn_mask=mask,
-                                                               scale=a["scale"])
+    out, lse = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu, xs, 3, a)
     return out.transpose(-3, -2).contiguous(), lse.contiguous()
 
 
@@ -237,10 +239,7 @@ def _attention_backward_infer(ts, a):
 
 
 def _attention_backward_impl(xs, a):
-    g, q, k, v, o, lse = xs[:6]
-    mask = xs[6] if len(xs) == 7 else None
-    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        g, q, k, v, o, lse, 0.0, a["causal"], attn_mask=mask, scale=a["scale"])
+    grads = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu_backward, xs, 6, a)
     return tuple(t.transpose(-3, -2).contiguous() for t in grads)
 
 
