@@ -88,6 +88,38 @@ def test_epilogue_through_reshape_of_the_matmul_output():
     assert len(ks) == 1 and ks[0].kind == "matmul"
 
 
+@pytest.mark.parametrize("reshaped", [False, True])
+def test_a_pointwise_chain_moves_whole_into_the_gemm_that_reads_it(reshaped):
+    """GELU's derivative recomputed from the pre-activation h and multiplied into the dX GEMM's
+    output (the backward of an MLP): the chain reads only h, so the GEMM's epilogue computes it
+    and reads h instead of storing and reloading the derivative. Its last node adds two of its
+    own values, where moving node by node (sink_tails) stops."""
+    def fn(h, dy, w):
+        t = torch.tanh(0.7978845608 * (h + 0.044715 * h * h * h))
+        deriv = 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * 0.7978845608 * (1 + 0.134145 * h * h)
+        d = dy @ w
+        return (d.view(2, 6, 24) if reshaped else d) * deriv
+
+    h = torch.randn(2, 6, 24) if reshaped else torch.randn(12, 24)
+    dy, w = torch.randn(12, 16), torch.randn(16, 24)
+    g = optimized(fn, h, dy, w)
+    out = check_pass(fuse, g, [h, dy, w], atol=1e-5)
+    ks = kernels(out)
+    assert len(ks) == 1 and ks[0].kind == "matmul", [k.name for k in ks]
+
+
+def test_a_pointwise_group_stays_when_moving_it_reads_more():
+    """The chain reads two tensors to produce one: moving it into the GEMM would read both
+    instead of its product."""
+    def fn(a, b, dy, w):
+        return (dy @ w) * (torch.tanh(a) * torch.sigmoid(b))
+
+    a, b, dy, w = torch.randn(12, 24), torch.randn(12, 24), torch.randn(12, 16), torch.randn(16, 24)
+    g = optimized(fn, a, b, dy, w)
+    out = check_pass(fuse, g, [a, b, dy, w], atol=1e-5)
+    assert sorted(k.kind for k in kernels(out)) == ["matmul", "pointwise"]
+
+
 @pytest.mark.parametrize("anchor", [True, False])
 def test_a_value_read_transposed_stays_out_of_its_producers_kernel(anchor):
     """`y ^ y.transpose(-1, -2)` where the group computing y (a matmul epilogue, or pointwise)

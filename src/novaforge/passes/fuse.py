@@ -253,6 +253,7 @@ class _Grouper:
             else:
                 self.add(self.new("single", n.outputs[0].type.shape if n.outputs else ()), n)
         self.sink_tails()
+        self.sink_groups()
         self.place_generator_cats()
         return self.groups
 
@@ -317,7 +318,7 @@ class _Grouper:
                     continue
                 if not self.acyclic(b, n):
                     continue
-                in_bytes = sum(v.type.nbytes for v in n.inputs if v.type.rank and self._root_group(v) is g)
+                in_bytes = sum(v.type.nbytes for v in set(n.inputs) if v.type.rank and self._root_group(v) is g)
                 if in_bytes > out.type.nbytes or not self.join(b, n, "moved the tail"):
                     continue
                 g.nodes.remove(n)
@@ -330,6 +331,68 @@ class _Grouper:
                 for h in self.source_groups(n):
                     if h is not b:
                         self.depend(b, h)
+
+    def sink_groups(self) -> None:
+        """Move a whole pointwise group into the one group that reads its outputs, when that group
+        then reads no more bytes than before: the chain that recomputes GELU's derivative from the
+        forward's pre-activation (x^2, tanh and their combinations) becomes the epilogue of the dX
+        GEMM that multiplies it, which then reads the pre-activation instead of the derivative.
+        `sink_tails` moves node by node and stops at a node that reads two values of its group.
+        Repeated until nothing moves: a group read by two groups moves once those two are one."""
+        escaping = set(self.graph.outputs) | {new for _, new in self.graph.mutations}
+        moved = True
+        while moved:
+            moved = False
+            for g in self.groups:
+                b = self._group_sink_target(g, escaping)
+                if b is not None and self.ctx.take_fuel(
+                        lambda g=g, b=b: f"fuse: moved group {g.index} [{' '.join(m.op for m in g.nodes[:8])}] "
+                                         f"into group {b.index} [{b.kind}]"):
+                    self._move_group(g, b)
+                    moved = True
+
+    def _outer_users(self, g: Group) -> dict[Node, list[Node]]:
+        member = set(g.nodes)
+        return {n: [u for u in self.graph.users(n.outputs[0]) if u not in member] for n in g.nodes}
+
+    def _group_sink_target(self, g: Group, escaping: set) -> Group | None:
+        """The group that can compute all of pointwise group g in its own space, reading no more
+        bytes than g's stored outputs; None when there is none."""
+        if g.kind != "pointwise" or not g.nodes or g.reshaped or any(
+                not OPS[n.op].has("elementwise") or len(n.outputs) != 1 or n.outputs[0] in escaping for n in g.nodes):
+            return None
+        outer = self._outer_users(g)
+        users = [u for us in outer.values() for u in us]
+        targets = {self.group_of.get(u) for u in users}
+        if len(targets) != 1 or any(_is_free(u.op) or not OPS[u.op].has("elementwise") for u in users):
+            return None
+        b = targets.pop()
+        if b is None or b.kind not in ("pointwise", "matmul", "reduction") \
+                or not all(self._sinkable_into(b, n, us) for n, us in outer.items()):
+            return None
+        if any(self.reaches(h, b) for h in self._sources(g) - {b}):
+            return None
+        ext = {self.root(v) for n in g.nodes for v in n.inputs if v.type.rank and self._root_group(v) is not g}
+        ext -= {self.root(v) for n in b.nodes for v in n.inputs}
+        stored = [n.outputs[0] for n, us in outer.items() if us]
+        return b if sum(v.type.nbytes for v in ext) <= sum(v.type.nbytes for v in stored) else None
+
+    def _sources(self, g: Group) -> set[Group]:
+        return {h for n in g.nodes for h in self.source_groups(n)} - {g}
+
+    def _move_group(self, g: Group, b: Group) -> None:
+        users = [u for us in self._outer_users(g).values() for u in us]
+        sources = self._sources(g) - {b}
+        first = min(b.nodes.index(u) for u in users)
+        b.nodes[first:first] = g.nodes
+        for n in g.nodes:
+            self.group_of[n] = b
+            if g.space != b.space:
+                b.reshaped[n.outputs[0]] = g.space
+        b.deps.discard(g)
+        for h in sources:
+            self.depend(b, h)
+        g.nodes, g.deps = [], set()
 
     def _root_group(self, v: Value) -> Group | None:
         p = self.defs.get(self.root(v))
