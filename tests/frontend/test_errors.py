@@ -94,6 +94,19 @@ def test_extern_keeps_its_source_line() -> None:
     assert _where(f_topk) in node.meta["source"], node.meta
 
 
+def _inner_topk(x): return torch.topk(x, 2).values  # noqa: E704
+def f_outer(x): return _inner_topk(x * 2) + 1  # noqa: E704
+
+
+def test_a_function_node_names_its_innermost_user_line() -> None:
+    """Plain functions are captured without whole stack traces: a node records the innermost
+    frame outside torch and novaforge, here the helper the function calls."""
+    compiled = novaforge.compile(f_outer, backend="interpret")
+    compiled(torch.randn(3, 5))
+    (node,) = [n for n in compiled.stats().captured.graph.nodes if n.op == "extern"]
+    assert _where(_inner_topk) in node.meta["source"], node.meta
+
+
 def f_mix(x, y): return torch.softmax(x @ y, -1) * 2 + 1  # noqa: E704
 
 
