@@ -174,6 +174,53 @@ def test_compiled_module_trains_with_gradients_like_eager():
         torch.testing.assert_close(c(batches[0][0]), b(batches[0][0]), atol=1e-4, rtol=1e-4)
 
 
+def _saved_bytes(forward_gm: torch.fx.GraphModule, n_user_outputs: int) -> int:
+    """Bytes of the forward graph's outputs beyond the user's: what it saves for the backward."""
+    (out,) = [n for n in forward_gm.graph.nodes if n.op == "output"]
+    vals = [a.meta.get("val") for a in out.args[0][n_user_outputs:] if isinstance(a, torch.fx.Node)]
+    return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("entry", ["novaforge", "torch"])
+def test_memory_budget_through_both_entry_points(entry, monkeypatch):
+    """memory_budget below 1 gives AOTAutograd's min-cut partitioner that activation budget: the
+    forward saves fewer bytes for the backward (the backward recomputes the rest), and the
+    gradients stay eager's."""
+    import novaforge.frontend.dynamo as nd
+
+    programs = []
+    init = nd._AtenGraphProgram.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        programs.append(self)
+
+    monkeypatch.setattr(nd._AtenGraphProgram, "__init__", recording_init)
+    saved = {}
+    for budget in (1.0, 0.0):
+        programs.clear()
+        a, b = _pair()
+        torch._dynamo.reset()
+        if entry == "novaforge":
+            c = novaforge.compile(a, memory_budget=budget)
+        else:
+            c = torch.compile(a, backend="novaforge", options={"memory_budget": budget})
+        oa, ob = torch.optim.AdamW(a.parameters(), lr=3e-3), torch.optim.AdamW(b.parameters(), lr=3e-3)
+        for i, (x, y) in enumerate(_batches(3)):
+            oa.zero_grad(set_to_none=True)
+            loss = c(x, y)
+            loss.backward()
+            grads = [p.grad.clone() for p in a.parameters()]
+            oa.step()
+            want = _eager_step(b, ob, x, y)
+            assert abs(loss.item() - want) <= 1e-4 * abs(want), (budget, loss.item(), want)
+            if i == 0:  # the same parameters: eager's gradients (later steps differ by AdamW's rounding)
+                for g, p in zip(grads, b.parameters(), strict=True):
+                    torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)
+        saved[budget] = _saved_bytes(programs[0].gm, 1)  # the forward is compiled first
+    assert saved[0.0] < 0.7 * saved[1.0], saved
+
+
 def test_training_mode_batchnorm_buffers_are_updated():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),

@@ -4,7 +4,8 @@ Two entry points:
 
 * `TrainEntry` (used by `novaforge.compile(model)` for calls that need gradients): the call is
   traced by AOTAutograd into a forward and a backward ATen graph (its default partitioner: the
-  backward keeps every forward value it reads, nothing is recomputed); each graph goes
+  backward keeps every forward value it reads, nothing is recomputed; below `memory_budget=1`
+  its min-cut partitioner with that activation budget, `frontend.dynamo.partition_for`); each graph goes
   through novaforge's pass pipeline and backend (`frontend.dynamo` compilers, the same as
   `torch.compile(backend="novaforge")`), and the call returns outputs differentiable through one
   `autograd.Function` around the two compiled programs: `loss.backward()` fills `.grad` of the
@@ -48,7 +49,7 @@ class TrainEntry:
     def __init__(self, module: torch.nn.Module, args: tuple, kwargs: dict, options: dict[str, Any]) -> None:
         from torch._functorch.aot_autograd import aot_function
 
-        from .frontend.dynamo import _compile_aten, _decompositions
+        from .frontend.dynamo import _compile_aten, _decompositions, partition_for
 
         self.module = module
         shadow = shadow_module(module)
@@ -72,7 +73,8 @@ class TrainEntry:
 
         self.programs: list[Any] = []  # the forward's and the backward's _AtenGraphProgram
         compiler = _compile_aten(dict(options), self.programs)
-        self.compiled = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions())
+        self.compiled = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions(),
+                                     **partition_for(options))
         self._lock = threading.Lock()
 
     def stats(self) -> Any:

@@ -540,11 +540,31 @@ def _compile_aten(options: dict[str, Any], programs: list | None = None):
     return compiler
 
 
+def partition_for(options: dict[str, Any]) -> dict[str, Any]:
+    """AOTAutograd's partition_fn for `memory_budget` (as keyword arguments): below 1.0 its
+    min-cut partitioner with `activation_memory_budget` set to the budget (the backward
+    recomputes forward values, cheapest first, until what the forward saves fits); at 1.0
+    (the default) its default partitioner, which saves every forward value the backward reads."""
+    budget = options.get("memory_budget", 1.0)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0.0 <= budget <= 1.0:
+        raise ValueError(f"option memory_budget={budget!r}; expected a number in [0, 1]")
+    if budget >= 1.0:
+        return {}
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any):
+        with functorch_config.patch(activation_memory_budget=float(budget)):
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    return {"partition_fn": partition}
+
+
 def novaforge_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any):
     """The function registered as Dynamo backend 'novaforge' (entry point torch_dynamo_backends)."""
     from torch._dynamo.backends.common import aot_autograd
 
     opts = dict(options.get("options") or {})
     compiler = _compile_aten(opts)
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions())(
-        gm, example_inputs)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions(),
+                        **partition_for(opts))(gm, example_inputs)
