@@ -6,6 +6,7 @@ reassigned and updated parameters, and raises where eager raises."""
 from __future__ import annotations
 
 import threading
+from unittest import mock
 
 import pytest
 import torch
@@ -260,6 +261,16 @@ def check_inputs_sharing_memory(backend: str) -> None:
     a, b, ae, be = torch.ones(4), torch.ones(4), torch.ones(4), torch.ones(4)
     torch.testing.assert_close(c(a, b), fn(ae, be))
     torch.testing.assert_close(a, ae)
+
+    def reads_twice(x, y, z):  # mutates x only; y and z may share memory (labels=input_ids)
+        x.add_(y * z)
+        return y + z
+
+    c = novaforge.compile(reads_twice, backend=backend)
+    x, xe, y = torch.ones(4), torch.ones(4), torch.arange(4.0)
+    with mock.patch.object(type(c), "_eager", side_effect=AssertionError("ran eagerly")):
+        torch.testing.assert_close(c(x, y, y), reads_twice(xe, y, y))
+    torch.testing.assert_close(x, xe)
 
 
 def check_zero_size_operand_errors(backend: str) -> None:

@@ -143,11 +143,11 @@ class CompiledModule:
                                      "so that those tensors get gradients. Pass them as arguments or compile an "
                                      "nn.Module to compile the backward too")
             return self._eager(args, kwargs)
-        if entry.mut_targets and _share_memory(tensors, entry.binding.refs):
+        if entry.mut_targets and _mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets):
             # the program mutates an input that another input (or a parameter) shares memory
             # with: its functional graph cannot see the second name change, eager can
-            _log_runtime.warning("novaforge: inputs share memory and the graph mutates one of them: this call "
-                                 "runs eagerly")
+            _log_runtime.warning("novaforge: the graph mutates an input that shares memory with another input: "
+                                 "this call runs eagerly")
             return self._eager(args, kwargs)
         return entry.run(tensors, objs, self._needs_grad(tensors, entry))
 
@@ -461,6 +461,24 @@ def _share_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]) -> bool
                 return True
             seen.add(p)
     return False
+
+
+def _mutated_shares_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor],
+                           mutated: list[tuple[str, int]]) -> bool:
+    """Whether a tensor the program mutates shares storage with another of the call's tensors
+    (inputs, parameters, buffers). Inputs that share storage but are only read are no hazard:
+    `labels=input_ids` in a compiled training step, with its parameters updated in place."""
+    targets = set(mutated)
+    written: set[int] = set()
+    for kind, i in targets:
+        p = storage_ptr(tensors[i] if kind == "user" else refs[i])
+        if p:
+            if p in written:
+                return True
+            written.add(p)
+    others = [t for i, t in enumerate(tensors) if ("user", i) not in targets]
+    others += [t for i, t in enumerate(refs) if ("ref", i) not in targets]
+    return any(storage_ptr(t) in written for t in others)
 
 
 def resolve_backend(backend: str, graph: Graph) -> str:
