@@ -321,3 +321,34 @@ def test_compile_step_memory_budget_trades_recompute_for_memory():
         assert ("budget_recomputed" in counters) == (budget < 1)
     assert arenas[0.0] < 0.85 * arenas[1.0], arenas
     assert gemms[0.0] > gemms[1.0], gemms
+
+
+def test_compile_step_trains_a_default_gpt2_with_dropout_like_eager(monkeypatch):
+    """A transformers GPT-2 in its default config trains in train mode: dropout on (its CPU
+    kernel writes in place into fresh tensors, which a traced autograd.grad cannot functionalize:
+    the traced graph is functionalized instead), labels passed as the input ids themselves (two
+    inputs sharing memory, neither mutated: the program runs, not eager), lengths that change.
+    With the same seed before each step the compiled step draws eager's dropout masks (random
+    ops keep their order through the passes), so the losses equal eager's."""
+    transformers = pytest.importorskip("transformers")
+    import novaforge.api
+
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64)
+    torch.manual_seed(0)
+    a = transformers.GPT2LMHeadModel(cfg).train()
+    b = copy.deepcopy(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    step = novaforge.compile_step(a, oa, loss_fn=lambda out, *args, **kwargs: out.loss)
+    monkeypatch.setattr(novaforge.api.CompiledModule, "_eager",
+                        lambda *args, **kwargs: pytest.fail("the step ran eagerly"))
+    g = torch.Generator().manual_seed(1)
+    for i, n in enumerate((24, 16, 24)):
+        ids = torch.randint(0, 128, (2, n), generator=g)
+        torch.manual_seed(100 + i)
+        got = step(ids, labels=ids).item()
+        torch.manual_seed(100 + i)
+        ob.zero_grad(set_to_none=True)
+        loss = b(ids, labels=ids).loss
+        loss.backward()
+        ob.step()
+        assert abs(got - loss.item()) <= 1e-5 * abs(loss.item()), (n, got, loss.item())

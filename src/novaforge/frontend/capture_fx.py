@@ -337,6 +337,27 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
                            dynamic=dynamic)
 
 
+def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.GraphModule:
+    """The traced graph gm, functionalized: its in-place ops become functional ones, and writes
+    to its inputs trailing `copy_` nodes. Used where the user's function cannot be traced again
+    under functionalization: a compile_step whose model mutates intermediates (dropout's
+    `bernoulli_` and `div_` on the CPU) calls autograd.grad, which functorch transforms refuse.
+    Each node keeps its source line (the interpreter hands node metadata to the new trace)."""
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree
+
+    flat = _pytree.tree_leaves(example)
+
+    def run(*xs: Any) -> Any:
+        return torch.fx.Interpreter(gm).run(*xs)
+
+    fn = torch.func.functionalize(run, remove="mutations")
+    with torch.no_grad(), _tracing_flags(), fx_traceback.preserve_node_meta():
+        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True, decomposition_table=_decompositions())(
+            *flat)
+
+
 def _traced(exc: BaseException) -> BaseException:
     """Mark an error as raised while tracing, so the capture is not retried with stack traces."""
     exc._nf_from_tracing = True  # type: ignore[attr-defined]
@@ -407,7 +428,13 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         # and trace again functionalized only when the graph contains in-place ops
         gm = trace(False)
         if _has_mutation(gm):
-            gm = trace(True)
+            try:
+                gm = trace(True)
+            except Exception as first:
+                try:  # (a traced autograd.grad, as compile_step's, cannot be functionalized; its graph can)
+                    gm = _functionalize_traced(gm, example)
+                except Exception:
+                    raise first from None
     except Exception as e:
         head = "\n".join(str(e).strip().splitlines()[:12])
         dd = "data-dependent" in str(e) or "_local_scalar_dense" in str(e) or "GuardOnDataDependent" in type(e).__name__

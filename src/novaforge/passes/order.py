@@ -12,6 +12,10 @@ order's, or equal (within 64 KiB) with a lower sum of live bytes over the steps 
 for the arena's placement); the pass reports both peaks. Symbolic sizes count at their planning
 hint (an order is a performance choice: any order is correct).
 
+Nodes that draw random numbers or have side effects (dropout's ATen calls, in kernels or not)
+keep their relative order: each depends on the previous one, so the same seed gives the same
+draws as eager's order of the same calls.
+
 A node that computes a mutated graph input's new value is placed after every other reader of
 the input's old value (and of its views) where the dependences allow it, in both orders: the
 backend may then compute the new value into the input's own buffer (an optimizer step updates
@@ -20,7 +24,7 @@ a weight after the backward matmul that reads it, so the update needs no fresh b
 
 from __future__ import annotations
 
-from ..ir import Graph, Node, Value
+from ..ir import OPS, Graph, Node, Value
 from ..ir.symbolic import hint
 from ..ir.views import view_roots
 from .context import PassContext
@@ -77,6 +81,22 @@ def _update_after_readers(graph: Graph, nodes: list[Node], deps: list[set[int]])
     return added
 
 
+def _has_effect(n: Node) -> bool:
+    """Does n draw random numbers or have a side effect (itself, or an op of its kernel)?"""
+    ops = [m.op for m in n.attrs["kernel"].body.nodes] if n.op == "kernel" else [n.op]
+    return any(OPS[op].has("random") or OPS[op].has("side_effect") for op in ops)
+
+
+def _chain_effects(nodes: list[Node], deps: list[set[int]]) -> None:
+    """Each node with an effect depends on the previous one (their order is kept)."""
+    prev = None
+    for i, n in enumerate(nodes):
+        if _has_effect(n):
+            if prev is not None:
+                deps[i].add(prev)
+            prev = i
+
+
 def _stable_topological(deps: list[set[int]]) -> list[int]:
     """The original order, moved only where an added edge requires it."""
     import heapq
@@ -105,6 +125,7 @@ def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
     escaping = set(graph.outputs) | {new for _, new in graph.mutations}
     producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
     deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
+    _chain_effects(nodes, deps)
     anti = _update_after_readers(graph, nodes, deps) if graph.mutations else 0
     if anti:
         ctx.count("updates_after_readers", anti)
@@ -112,6 +133,7 @@ def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
         graph = Graph(graph.inputs, nodes, graph.outputs, graph.mutations, graph.meta)
         producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
         deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
+        _chain_effects(nodes, deps)
         _update_after_readers(graph, nodes, deps)
     users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
     remaining_uses: dict[Value, int] = {}
