@@ -352,3 +352,30 @@ def test_compile_step_trains_a_default_gpt2_with_dropout_like_eager(monkeypatch)
         loss.backward()
         ob.step()
         assert abs(got - loss.item()) <= 1e-5 * abs(loss.item()), (n, got, loss.item())
+
+
+def test_dropout_training_draws_eagers_masks():
+    """Through torch.compile (AOTAutograd's graphs, as novaforge.compile's), a default-config
+    GPT-2 in train mode (dropout on) gives eager's losses when each step starts from the same
+    seed: dropout runs as ATen's random calls, in eager's order."""
+    transformers = pytest.importorskip("transformers")
+
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64)
+    torch.manual_seed(0)
+    a = transformers.GPT2LMHeadModel(cfg).train()
+    b = copy.deepcopy(a)
+    torch._dynamo.reset()
+    c = torch.compile(a, backend="novaforge")
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for i, n in enumerate((24, 16)):
+        ids = torch.randint(0, 128, (2, n), generator=g)
+        losses = []
+        for model, opt in ((c, oa), (b, ob)):
+            torch.manual_seed(100 + i)
+            opt.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), (n, losses)
