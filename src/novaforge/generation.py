@@ -13,7 +13,10 @@ the generation's maximum length rounded up to a multiple of `CACHE_BUCKET` posit
 in place at `cache_position` (the CPU backend updates the caller's cache tensors in place: one
 row per step, no copies); the attention mask does the rest. Every decoding step then has the
 same shapes, so one generation builds two programs (the prefill and one decode step) whatever
-the number of new tokens, and generations whose lengths round to the same bucket share them. With the default
+the number of new tokens, and generations whose lengths round to the same bucket share them. An
+encoder-decoder model (T5) gets transformers' own static cache (`cache_implementation="static"`,
+`max_cache_len` bucketed the same way): an EncoderDecoderCache whose cross-attention half holds
+the encoder's output, so programs are shared per encoder length. With the default
 `DynamicCache` the cache grows every step and each length is a new program (symbolic shapes
 will lift that). transformers' own automatic `torch.compile` of the forward is switched off
 (`disable_compile=True`): novaforge already compiles it.
@@ -78,24 +81,32 @@ def static_cache_supported(model: Any) -> bool:
 CACHE_BUCKET = 128  # static caches are sized in multiples of this many positions
 
 
-def _bucketed_static_cache(model: Any, args: tuple, kwargs: dict, gen_config: Any) -> Any:
-    """A StaticCache for prompt + new tokens, rounded up to a multiple of CACHE_BUCKET, so that
-    generations of similar lengths share their programs (the mask hides the unused positions).
-    None when the lengths cannot be read from the call (transformers then sizes the cache)."""
+def _bucketed_length(args: tuple, kwargs: dict, gen_config: Any, encoder_decoder: bool) -> int | None:
+    """The cache length for prompt + new tokens (new tokens alone for an encoder-decoder model,
+    whose decoder starts from one token), rounded up to a multiple of CACHE_BUCKET; None when
+    the lengths cannot be read from the call."""
     import torch
 
     ids = args[0] if args else kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return None
     new = kwargs.get("max_new_tokens") or getattr(gen_config, "max_new_tokens", None)
-    total = ids.shape[1] + new if new else (kwargs.get("max_length") or getattr(gen_config, "max_length", None))
-    if not total:
+    prompt = 1 if encoder_decoder else ids.shape[1]
+    total = prompt + new if new else (kwargs.get("max_length") or getattr(gen_config, "max_length", None))
+    return -(-int(total) // CACHE_BUCKET) * CACHE_BUCKET if total else None
+
+
+def _bucketed_static_cache(model: Any, args: tuple, kwargs: dict, gen_config: Any) -> Any:
+    """A StaticCache for prompt + new tokens, rounded up to a multiple of CACHE_BUCKET, so that
+    generations of similar lengths share their programs (the mask hides the unused positions).
+    None when the lengths cannot be read from the call (transformers then sizes the cache)."""
+    length = _bucketed_length(args, kwargs, gen_config, False)
+    if length is None:
         return None
     try:
         from transformers import StaticCache
     except ImportError:
         return None
-    length = -(-int(total) // CACHE_BUCKET) * CACHE_BUCKET
     return StaticCache(config=model.config, max_cache_len=length)
 
 
@@ -106,7 +117,15 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
     chose_cache = ("past_key_values" in kwargs or "cache_implementation" in kwargs
                    or getattr(gen_config, "cache_implementation", None) is not None)
     static = compiled.options.generate_cache == "static"
-    if not chose_cache and static and static_cache_supported(model):
+    if not chose_cache and static and static_cache_supported(model) and getattr(model.config, "is_encoder_decoder",
+                                                                                 False):
+        # the cache is an EncoderDecoderCache (static self-attention, cross-attention filled once
+        # from the encoder's output): transformers builds it, sized by max_cache_len
+        kwargs["cache_implementation"] = "static"
+        length = _bucketed_length(args, kwargs, gen_config, True)
+        if length is not None and hasattr(gen_config, "max_cache_len"):
+            kwargs.setdefault("max_cache_len", length)
+    elif not chose_cache and static and static_cache_supported(model):
         cache = _bucketed_static_cache(model, args, kwargs, gen_config)
         if cache is not None:
             kwargs["past_key_values"] = cache

@@ -88,3 +88,24 @@ def test_lengths_in_one_bucket_share_programs_and_the_cache_is_updated_in_place(
     decode = max(compiled._programs.values(), key=lambda e: e.stats.program.calls).stats.program
     inplace = [st for st in decode.steps if st.attrs.get("inplace_target") == "aten.index_copy_.default"]
     assert len(inplace) == 2 * 2  # K and V of both layers: written in place, never copied back
+
+
+def test_generate_encoder_decoder_left_padded():
+    """T5 (an encoder-decoder model), a left-padded batch: the static cache is transformers' own
+    EncoderDecoderCache (a plain StaticCache broke the cross-attention's position bias), with
+    the decoder's length bucketed, so new-token counts in one bucket share the two programs."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.T5ForConditionalGeneration(tf.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
+                                                      vocab_size=128, decoder_start_token_id=0)).eval()
+    ids = torch.randint(1, 120, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    compiled = novaforge.compile(model)
+    for new in (10, 14):
+        want = _eager(model, ids, new, attention_mask=mask, pad_token_id=0)
+        with torch.no_grad():
+            got = compiled.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert torch.equal(got, want)
+    assert compiled.compilations == 2
