@@ -107,7 +107,25 @@ def _bucketed_static_cache(model: Any, args: tuple, kwargs: dict, gen_config: An
         from transformers import StaticCache
     except ImportError:
         return None
-    return StaticCache(config=model.config, max_cache_len=length)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    _unslide(cache, length)
+    return cache
+
+
+def _unslide(cache: Any, length: int) -> None:
+    """Replace each sliding-window layer whose window is no shorter than the cache (Mistral's
+    4096) by a plain static layer: the window never slides within `length` positions, so the
+    two attend alike, and the sliding layer's Python position counter (`cumulative_length_int`,
+    a different constant at every step) would make every decode step a new program."""
+    try:
+        from transformers.cache_utils import StaticLayer
+    except ImportError:
+        return
+    layers = getattr(cache, "layers", None)
+    for i, layer in enumerate(layers or ()):
+        # (a sliding layer holds min(window, length) positions: `length` when the window is no shorter)
+        if getattr(layer, "is_sliding", False) and getattr(layer, "max_cache_len", None) == length:
+            layers[i] = StaticLayer(max_cache_len=length)
 
 
 def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
