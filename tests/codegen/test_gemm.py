@@ -389,11 +389,11 @@ def test_tile_callback_without_c(path, small_blocks):
 
 @pytest.mark.parametrize(
     "variant",
-    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=8", "-DNF_GEMM_NV=3", "-DNF_GEMM_DOT_MR=4")),
+    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=6", "-DNF_GEMM_NV=4", "-DNF_GEMM_DOT_MR=4")),
      ("avx2", ("-DNF_GEMM_MR=3", "-DNF_GEMM_DOT_MR=2", "-DNF_GEMM_DOT_NR=6", "-DNF_GEMM_B_IN_PLACE_ANY_CPU=1"))],
 )
 def test_other_builds(variant):
-    """The portable fallback, and other tile shapes on this machine's ISA: AVX-512's (8 x 3 vectors,
+    """The portable fallback, and other tile shapes on this machine's ISA: AVX-512's (6 x 4 vectors,
     dot-product 4 x 4), a 3-row tile with a 2 x 6 dot-product tile (scalar reductions) that also
     reads row-major B in place on any CPU (by default only on AMD's)."""
     isa, extra = variant
