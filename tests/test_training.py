@@ -33,6 +33,16 @@ def _eager_step(model, opt, x, y, clip=None):
     return loss.item()
 
 
+def _compiled_step(compiled, model, opt, x, y):
+    """One optimizer step through a compiled call of `model`: (loss, each parameter's gradient)."""
+    opt.zero_grad(set_to_none=True)
+    loss = compiled(x, y)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    opt.step()
+    return loss.item(), grads
+
+
 OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1),
     # Adam's L2 weight decay adds wd * p to the gradient: where the two cancel, m / sqrt(v) turns
@@ -160,13 +170,9 @@ def test_compiled_module_trains_with_gradients_like_eager():
     batches = _batches()
     for i in range(5):
         x, y = batches[i % len(batches)]
-        oa.zero_grad(set_to_none=True)
-        loss = c(x, y)
-        loss.backward()
-        grads = [p.grad.clone() for p in a.parameters()]
-        oa.step()
+        loss, grads = _compiled_step(c, a, oa, x, y)
         want = _eager_step(b, ob, x, y)
-        assert abs(loss.item() - want) <= 1e-4 * abs(want)
+        assert abs(loss - want) <= 1e-4 * abs(want)
     for g, p in zip(grads, b.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)
     assert c.compilations == 1
@@ -207,13 +213,9 @@ def test_memory_budget_through_both_entry_points(entry, monkeypatch):
             c = torch.compile(a, backend="novaforge", options={"memory_budget": budget})
         oa, ob = torch.optim.AdamW(a.parameters(), lr=3e-3), torch.optim.AdamW(b.parameters(), lr=3e-3)
         for i, (x, y) in enumerate(_batches(3)):
-            oa.zero_grad(set_to_none=True)
-            loss = c(x, y)
-            loss.backward()
-            grads = [p.grad.clone() for p in a.parameters()]
-            oa.step()
+            loss, grads = _compiled_step(c, a, oa, x, y)
             want = _eager_step(b, ob, x, y)
-            assert abs(loss.item() - want) <= 1e-4 * abs(want), (budget, loss.item(), want)
+            assert abs(loss - want) <= 1e-4 * abs(want), (budget, loss, want)
             if i == 0:  # the same parameters: eager's gradients (later steps differ by AdamW's rounding)
                 for g, p in zip(grads, b.parameters(), strict=True):
                     torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)

@@ -135,20 +135,20 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
     chose_cache = ("past_key_values" in kwargs or "cache_implementation" in kwargs
                    or getattr(gen_config, "cache_implementation", None) is not None)
     static = compiled.options.generate_cache == "static"
-    if not chose_cache and static and static_cache_supported(model) and getattr(model.config, "is_encoder_decoder",
-                                                                                 False):
-        # the cache is an EncoderDecoderCache (static self-attention, cross-attention filled once
-        # from the encoder's output): transformers builds it, sized by max_cache_len
-        kwargs["cache_implementation"] = "static"
-        length = _bucketed_length(args, kwargs, gen_config, True)
-        if length is not None and hasattr(gen_config, "max_cache_len"):
-            kwargs.setdefault("max_cache_len", length)
-    elif not chose_cache and static and static_cache_supported(model):
-        cache = _bucketed_static_cache(model, args, kwargs, gen_config)
-        if cache is not None:
-            kwargs["past_key_values"] = cache
-        else:
+    if not chose_cache and static and static_cache_supported(model):
+        if getattr(model.config, "is_encoder_decoder", False):
+            # the cache is an EncoderDecoderCache (static self-attention, cross-attention filled
+            # once from the encoder's output): transformers builds it, sized by max_cache_len
             kwargs["cache_implementation"] = "static"
+            length = _bucketed_length(args, kwargs, gen_config, True)
+            if length is not None and hasattr(gen_config, "max_cache_len"):
+                kwargs.setdefault("max_cache_len", length)
+        else:
+            cache = _bucketed_static_cache(model, args, kwargs, gen_config)
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+            else:
+                kwargs["cache_implementation"] = "static"
     kwargs.setdefault("disable_compile", True)
     with forward_replaced(model, compiled):
         return model.generate(*args, **kwargs)

@@ -344,18 +344,22 @@ def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.
     `bernoulli_` and `div_` on the CPU) calls autograd.grad, which functorch transforms refuse.
     Each node keeps its source line (the interpreter hands node metadata to the new trace)."""
     from torch.fx import traceback as fx_traceback
-    from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils import _pytree
-
-    flat = _pytree.tree_leaves(example)
 
     def run(*xs: Any) -> Any:
         return torch.fx.Interpreter(gm).run(*xs)
 
     fn = torch.func.functionalize(run, remove="mutations")
-    with torch.no_grad(), _tracing_flags(), fx_traceback.preserve_node_meta():
-        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True, decomposition_table=_decompositions())(
-            *flat)
+    return _fake_trace(fn, _pytree.tree_leaves(example), False, fx_traceback.preserve_node_meta())
+
+
+def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any) -> torch.fx.GraphModule:
+    """make_fx of fn on fake tensors, with novaforge's decompositions, under `context`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad(), _tracing_flags(), context:
+        return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
+                       decomposition_table=_decompositions())(*args)
 
 
 def _traced(exc: BaseException) -> BaseException:
@@ -382,7 +386,6 @@ def _eager_error(traced, example: tuple) -> BaseException | None:
 
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                 fake: bool, stacks: bool, dynamic: list | None = None):
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     from .capture import Captured, CaptureError, DataDependentError
 
@@ -419,9 +422,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
-        with torch.no_grad(), _tracing_flags(), (contextlib.nullcontext() if stacks else _user_lines()):
-            return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
-                           decomposition_table=_decompositions())(*example)
+        return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines())
 
     try:
         # most models mutate nothing: trace once without functionalization, which is cheaper,

@@ -41,7 +41,7 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -540,14 +540,12 @@ def _compile_aten(options: dict[str, Any], programs: list | None = None):
     return compiler
 
 
-def partition_for(options: dict[str, Any]) -> dict[str, Any]:
+def partition_for(options: Mapping[str, Any]) -> dict[str, Any]:
     """AOTAutograd's partition_fn for `memory_budget` (as keyword arguments): below 1.0 its
     min-cut partitioner with `activation_memory_budget` set to the budget (the backward
     recomputes forward values, cheapest first, until what the forward saves fits); at 1.0
     (the default) its default partitioner, which saves every forward value the backward reads."""
-    budget = options.get("memory_budget", 1.0)
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or not 0.0 <= budget <= 1.0:
-        raise ValueError(f"option memory_budget={budget!r}; expected a number in [0, 1]")
+    budget = Options.of(options).memory_budget  # (validated there)
     if budget >= 1.0:
         return {}
     from torch._functorch import config as functorch_config
