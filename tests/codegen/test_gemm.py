@@ -99,6 +99,16 @@ def test_a_strides(a_layout):
         _check(_product(path, a, b, nthreads=2), ref, scale, K)
 
 
+@pytest.mark.parametrize("M,K,N", [(1537, 67, 130), (125, 1030, 64), (40, 33, 520)])
+def test_column_major_a_as_in_weight_gradients(M, K, N):
+    # dW = dY^T X: A column-major is packed per task; the 2-thread grid splits M or N by what it packs
+    a = torch.randn(K, M).t()
+    b = torch.randn(K, N)
+    ref, scale = _ref(a, b)
+    for path in ("unpacked", "row_major", "packed"):
+        _check(_product(path, a, b, nthreads=2), ref, scale, K)
+
+
 def _product(path: str, a: torch.Tensor, b: torch.Tensor, **kw) -> torch.Tensor:
     """a @ b (+ epilogue) through one of the library's paths: packed B, B packed on the fly (as given or
     as a row-major copy), or the dot-product kernel on b.t()."""
