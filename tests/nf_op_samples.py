@@ -65,6 +65,8 @@ SPECIAL: dict[str, Callable[[Maker], Sample]] = {
     "scalar": lambda m: ([], {"value": 1.5, "dtype": m.dtype}),
     "full": lambda m: ([], {"shape": SHAPE, "value": -2.25, "dtype": m.dtype}),
     "iota": lambda m: ([], {"length": 37, "start": 3, "step": 2, "dtype": m.dtype}),
+    "counter_uniform": lambda m: ([torch.randint(-2**62, 2**62, SHAPE, generator=m.g),
+                                   torch.randint(-2**62, 2**62, (), generator=m.g)], {"dtype": m.dtype}),
     **{op: (lambda m: ([m.t(4, 33)], {"axes": (1,), "keepdim": True})) for op in ("sum", "prod", "max", "min")},
     "argmax": lambda m: ([m.t(4, 33)], {"axes": (1,), "keepdim": False}),
     "argmin": lambda m: ([m.t(4, 33)], {"axes": (0,), "keepdim": True}),

@@ -330,8 +330,9 @@ def test_compile_step_trains_a_default_gpt2_with_dropout_like_eager(monkeypatch)
     kernel writes in place into fresh tensors, which a traced autograd.grad cannot functionalize:
     the traced graph is functionalized instead), labels passed as the input ids themselves (two
     inputs sharing memory, neither mutated: the program runs, not eager), lengths that change.
-    With the same seed before each step the compiled step draws eager's dropout masks (random
-    ops keep their order through the passes), so the losses equal eager's."""
+    With random="eager" and the same seed before each step the compiled step draws eager's
+    dropout masks (random ops keep their order through the passes), so the losses equal eager's
+    (the default counter-based draws: tests/test_random.py)."""
     transformers = pytest.importorskip("transformers")
     import novaforge.api
 
@@ -340,7 +341,7 @@ def test_compile_step_trains_a_default_gpt2_with_dropout_like_eager(monkeypatch)
     a = transformers.GPT2LMHeadModel(cfg).train()
     b = copy.deepcopy(a)
     oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
-    step = novaforge.compile_step(a, oa, loss_fn=lambda out, *args, **kwargs: out.loss)
+    step = novaforge.compile_step(a, oa, loss_fn=lambda out, *args, **kwargs: out.loss, random="eager")
     monkeypatch.setattr(novaforge.api.CompiledModule, "_eager",
                         lambda *args, **kwargs: pytest.fail("the step ran eagerly"))
     g = torch.Generator().manual_seed(1)
@@ -359,7 +360,7 @@ def test_compile_step_trains_a_default_gpt2_with_dropout_like_eager(monkeypatch)
 def test_dropout_training_draws_eagers_masks():
     """Through torch.compile (AOTAutograd's graphs, as novaforge.compile's), a default-config
     GPT-2 in train mode (dropout on) gives eager's losses when each step starts from the same
-    seed: dropout runs as ATen's random calls, in eager's order."""
+    seed with random="eager": dropout runs as ATen's random calls, in eager's order."""
     transformers = pytest.importorskip("transformers")
 
     cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64)
@@ -367,7 +368,7 @@ def test_dropout_training_draws_eagers_masks():
     a = transformers.GPT2LMHeadModel(cfg).train()
     b = copy.deepcopy(a)
     torch._dynamo.reset()
-    c = torch.compile(a, backend="novaforge")
+    c = torch.compile(a, backend="novaforge", options={"random": "eager"})
     oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     for i, n in enumerate((24, 16)):

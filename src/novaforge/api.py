@@ -84,9 +84,9 @@ class CompiledModule:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.fn = fn
         self.freeze = freeze
-        self.dynamic = SymbolicCaptures(fn, dynamic, freeze) if dynamic else None
-        self.backend = backend
         self.options = Options.of(options)  # validated: an unknown option raises here
+        self.dynamic = SymbolicCaptures(fn, dynamic, freeze, self.options.random) if dynamic else None
+        self.backend = backend
         self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
         self._programs: dict[tuple, _Entry] = {}
         self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
@@ -170,7 +170,7 @@ class CompiledModule:
                     for d, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
                         if x != y:
                             dims.setdefault(i, {})[d] = None
-            self.dynamic = SymbolicCaptures(self.fn, dims, self.freeze)
+            self.dynamic = SymbolicCaptures(self.fn, dims, self.freeze, self.options.random)
             self.tiering = Tiering(True)
         _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
                           "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
@@ -516,7 +516,7 @@ def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: O
         hit = graph_cache.load(key, fn) if key is not None else None
         if hit is not None:
             return hit
-    captured = capture(fn, args, kwargs, freeze=freeze, mode=mode, fake=fake)
+    captured = capture(fn, args, kwargs, freeze=freeze, mode=mode, fake=fake, random=options.random)
     if key is not None:
         graph_cache.store(key, captured, fn)
     return captured

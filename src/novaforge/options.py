@@ -24,6 +24,7 @@ FALLBACKS = ("eager", "raise")
 MATMUL_LOADERS = ("pointer", "tma", "auto")
 MATMUL_EXECUTORS = ("triton", "torch")
 GENERATE_CACHES = ("static", "dynamic")
+RANDOM_MODES = ("counter", "eager")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Options:
     check: str | None = None  # None: $NOVAFORGE_CHECK decides; "0" off; "1" verifier; "numerics" also kernels
     pass_fuel: Mapping[int, int] = field(default_factory=dict)  # pass position -> decisions it may take
     pass_trace: bool = False  # pass records keep a description of every decision
+    random: str = "counter"  # dropout/bernoulli/rand: "counter" (generated SplitMix64) or "eager" (ATen's exact draws)
     memory_budget: float = 1.0  # training: share of the forward-to-backward bytes kept (the rest recomputed; remat.py)
     compile_only: bool = False  # build without data (set by CompiledModule.compile_only)
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
@@ -68,6 +70,7 @@ class Options:
         _choice("matmul_loader", self.matmul_loader, MATMUL_LOADERS)
         _choice("matmul_executor", self.matmul_executor, MATMUL_EXECUTORS)
         _choice("generate_cache", self.generate_cache, GENERATE_CACHES)
+        _choice("random", self.random, RANDOM_MODES)
         if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int | float) \
                 or not 0.0 <= self.memory_budget <= 1.0:
             raise ValueError(f"option memory_budget={self.memory_budget!r}; expected a number in [0, 1]")

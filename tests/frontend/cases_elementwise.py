@@ -334,3 +334,8 @@ add([C(aten.native_dropout.default, lambda m: (m.t(3, 4), 0.5, False), "eval", e
      C(aten.native_dropout.default, lambda m: (m.t(3, 4), 0.0, True), "p0", exact=True),
      C(aten.native_dropout.default, lambda m: (m.t(3, 4), 0.5, True), "train", extern=True, seeded=True),
      C(aten.native_dropout.default, lambda m: (m.t(3, 4), 0.5, None), "train-none", extern=True, seeded=True)])
+# random="eager" keeps ATen's draws (externs); the counter-based draws are tested in tests/test_random.py
+add([C(aten.bernoulli.p, lambda m: (m.t(3, 4), 0.3), "p", extern=True, seeded=True),
+     C(aten.bernoulli.default, lambda m: (m.t(3, 4).sigmoid(),), "probs", extern=True, seeded=True),
+     C(aten.rand_like.default, lambda m: (m.t(3, 4),), "like", extern=True, seeded=True),
+     C(aten.rand.default, lambda m: (([3, 4],), {"dtype": m.dtype}), "size", extern=True, seeded=True)])

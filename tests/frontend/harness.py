@@ -24,6 +24,7 @@ import torch.fx
 from novaforge.codegen.registry import get_backend
 from novaforge.frontend.lower import InputSpec, lower_fx
 from novaforge.ir import verify
+from novaforge.ir.ops.random import random_mode
 from novaforge.passes.pipeline import run_pipeline
 from novaforge.runtime.interpret import interpret
 
@@ -95,7 +96,7 @@ class Case:
     exact: bool = False  # compare floats exactly too (views, data movement, selections)
     extern: bool = False  # the rule is expected to keep this call as an extern
     values: bool = True  # False: results are uninitialized (empty*); compare types only
-    seeded: bool = False  # random op: reseed torch before eager and before each run
+    seeded: bool = False  # random op: lowered as ATen's own draws (random="eager"), torch reseeded before each run
     strided: bool = True  # also run with non-contiguous inputs (False: eager rejects them, e.g. view)
     outputs: tuple[int, ...] | None = None  # which results of a multi-output op the graph uses (None: all)
 
@@ -217,7 +218,8 @@ def lower_case(case: Case, dtype: torch.dtype):
     args, kwargs = _split_args(case.make(Maker(dtype, seed)))
     want = _eager(case, args, kwargs, seed)
     fx_graph, inputs = build_fx(case.target, args, kwargs, want, case.outputs)
-    return lower_fx(SimpleNamespace(graph=fx_graph), [InputSpec("user", f"in{i}") for i in range(len(inputs))])
+    with random_mode("eager" if case.seeded else "counter"):
+        return lower_fx(SimpleNamespace(graph=fx_graph), [InputSpec("user", f"in{i}") for i in range(len(inputs))])
 
 
 def run_case(case: Case, dtype: torch.dtype) -> dict[str, Any]:
@@ -230,8 +232,9 @@ def run_case(case: Case, dtype: torch.dtype) -> dict[str, Any]:
     want = _eager(case, args, kwargs, seed)
     fx_graph, _ = build_fx(case.target, args, kwargs, want, case.outputs)
     # lower_fx reads only `.graph` (and get_attr targets, which this graph has none of)
-    graph, ctx = lower_fx(SimpleNamespace(graph=fx_graph), [InputSpec("user", f"in{i}") for i in range(
-        sum(1 for n in fx_graph.nodes if n.op == "placeholder"))])
+    with random_mode("eager" if case.seeded else "counter"):  # (the counter draws: tests/test_random.py)
+        graph, ctx = lower_fx(SimpleNamespace(graph=fx_graph), [InputSpec("user", f"in{i}") for i in range(
+            sum(1 for n in fx_graph.nodes if n.op == "placeholder"))])
     verify(graph, "lowering")
     where = f"{case.id} {dtype}"
     if case.extern:

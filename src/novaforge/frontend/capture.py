@@ -24,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..ir import Graph
+from ..ir.ops.random import random_mode
 from .lower import InputSpec, UnsupportedError, lower_fx
 
 
@@ -155,14 +156,15 @@ def has_meta_state(module: Any) -> bool:
 
 
 def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: bool = False,
-            mode: str = "fx", fake: bool = False, dynamic: list | None = None) -> Captured:
+            mode: str = "fx", fake: bool = False, dynamic: list | None = None, random: str = "counter") -> Captured:
     """Capture `module(*args, **kwargs)`. mode 'fx' (default, fast: see capture_fx.py) or
     'export' (torch.export). fake=True traces without data (parameters, buffers and inputs as
     fake tensors, meta ones placed on the CPU): for compile-only use, the graph has no
     frozen constants. dynamic (mode 'fx'; per user tensor, {dim: (lo, hi)}, see
     frontend/dynamic.py) traces those dims as symbols: the graph's types hold `Sym`s and
-    `Captured.symbols` their table. Captures are serialized process-wide."""
-    with _CAPTURE_LOCK:
+    `Captured.symbols` their table. `random`: how random ATen ops lower (ir/ops/random.py).
+    Captures are serialized process-wide."""
+    with _CAPTURE_LOCK, random_mode(random):
         if dynamic is not None:
             from .capture_fx import capture_fx
 

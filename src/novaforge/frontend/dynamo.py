@@ -194,6 +194,7 @@ class _AtenGraphProgram:
         """(IR graph, lowering context, placeholder specs, output args, constant outputs); with
         `symbolic`, the graph keeps Dynamo's symbolic sizes (constant outputs are IR dims)."""
         from .dynamic import SymbolConverter
+        from ..ir.ops.random import random_mode
         from .lower import InputSpec, lower_fx
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -202,7 +203,7 @@ class _AtenGraphProgram:
         out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
         tensor_outs = [a for a in out_args if _is_tensor_node(a)]
         conv = SymbolConverter() if symbolic else None
-        with conv if conv is not None else contextlib.nullcontext():
+        with conv if conv is not None else contextlib.nullcontext(), random_mode(self.options.random):
             constants = {i: (_symbolic_output(a, conv) if conv is not None else _constant_output(a))
                          for i, a in enumerate(out_args) if not _is_tensor_node(a)}
             graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)

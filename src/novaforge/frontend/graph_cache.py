@@ -184,6 +184,7 @@ def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, An
     try:
         parts = [f"novaforge-graph-{FORMAT}", _version(), torch.__version__, _transformers_version(),
                  f"freeze={freeze}", f"capture={Options.of(options).capture}",
+                 f"random={Options.of(options).random}",
                  f"grad={torch.is_grad_enabled()}", f"autocast={torch.is_autocast_enabled()}"]
         parts += _module_parts(module)
         for t in flat.leaves:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..ir.ops import random
 from ..ir.ops.elementwise import UNARY_ANY, UNARY_FLOAT, as_bool, lower_div, lower_floordiv
 from ..ir.types import is_float
 from .lower import LowerCtx, opmath_dtype
@@ -318,6 +319,8 @@ def _drop(ctx, *args, **kwargs):
 def _dropout(ctx, x, p, train):
     if not train or p == 0:
         return ctx.val(x)
+    if ctx.target is aten.dropout.default and random.counter_mode():
+        return random.dropout(ctx, x, p)[0]
     return ctx.extern("random")
 
 
@@ -326,6 +329,8 @@ def _native_dropout(ctx, x, p, train):
     if train is False or p == 0:  # train=None means training, as in ATen
         v = ctx.val(x)
         return v, fill_like(ctx, v, True)
+    if random.counter_mode():
+        return random.dropout(ctx, x, p)
     return ctx.extern("random")
 
 

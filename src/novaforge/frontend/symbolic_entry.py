@@ -52,12 +52,13 @@ def _has_symint(spec: Any) -> bool:
 class SymbolicCaptures:
     """The symbolic captures of one compiled callable (see the module docstring)."""
 
-    def __init__(self, fn: Any, option: Any, freeze: bool) -> None:
+    def __init__(self, fn: Any, option: Any, freeze: bool, random: str = "counter") -> None:
         if not (option is True or isinstance(option, Mapping)):
             raise ValueError(f"dynamic must be True, False or {{argument: {{dim: (lo, hi)}}}}, got {option!r}")
         self.fn = fn
         self.option = option
         self.freeze = freeze
+        self.random = random  # how random ATen ops lower (ir/ops/random.py)
         self.captures: dict[Any, Captured | str] = {}  # str: why this structure is captured statically
         self.traces = 0  # symbolic traces run
         self.specializations = 0  # static graphs made from them
@@ -128,7 +129,7 @@ class SymbolicCaptures:
     def _trace(self, args: tuple, kwargs: dict, dims: list[DimRanges]) -> Captured | str:
         try:
             with torch.no_grad() if self.freeze else contextlib.nullcontext():
-                cap = capture(self.fn, args, kwargs, freeze=self.freeze, dynamic=dims)
+                cap = capture(self.fn, args, kwargs, freeze=self.freeze, dynamic=dims, random=self.random)
         except Exception as e:  # noqa: BLE001 - the static path captures (and reports) on its own
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             _log.warning("dynamic: no symbolic trace (%s); each size is captured on its own", why[:300])

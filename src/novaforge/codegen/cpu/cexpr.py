@@ -260,6 +260,8 @@ C_EXPR["isinf"] = lambda n, a, dt: f"(__builtin_fabsf({a[0]}) == __builtin_inff(
 C_EXPR["isfinite"] = lambda n, a, dt: f"({a[0]} - {a[0]} == 0.0f)" if dt in FLOATS else "true"
 C_EXPR["where"] = lambda n, a, dt: f"({a[0]} ? {a[1]} : {a[2]})"
 C_EXPR["copy"] = lambda n, a, dt: a[0]
+C_EXPR["counter_uniform"] = lambda n, a, dt: cast_expr(f"nf_counter_uniform({a[0]}, {a[1]})", torch.float32,
+                                                       n.attrs["dtype"])
 C_EXPR["cast"] = lambda n, a, dt: cast_expr(a[0], dt, n.attrs["dtype"])
 
 # ops that kernel templates generate (no per-element expression): what generates them

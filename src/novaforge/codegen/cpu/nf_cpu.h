@@ -27,6 +27,16 @@ NF_INLINE uint16_t nf_bf16_store(float f) {
 // a float rounded to bfloat16 precision (what a bf16 cast followed by a widening gives)
 NF_INLINE float nf_round_bf16(float f) { return nf_bf16_load(nf_bf16_store(f)); }
 
+// ------------------------------------------------------------------------ random numbers
+// uniform [0, 1) in steps of 2^-24 from SplitMix64(seed, counter): ir/ops/random.py's counter_uniform
+NF_INLINE float nf_counter_uniform(int64_t counter, int64_t seed) {
+  uint64_t z = (uint64_t)seed + ((uint64_t)counter + 1u) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (float)(int32_t)(z >> 40) * 0x1.0p-24f;
+}
+
 // -------------------------------------------------------------------------- comparisons
 NF_INLINE float nf_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
 NF_INLINE float nf_minimum(float a, float b) { return (a < b || a != a) ? a : b; }

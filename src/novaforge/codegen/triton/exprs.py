@@ -239,6 +239,8 @@ TRITON_EXPR: dict[str, Render] = {
     "logical_and": _u("({0} & {1})"), "logical_or": _u("({0} | {1})"), "logical_xor": _u("({0} ^ {1})"),
     "where": _u("tl.where({0}, {1}, {2})"), "copy": _u("{0}"), "cast": _cast,
     "atan": _atan, "atan2": _atan2, "asin": _asin, "acos": _acos,
+    "counter_uniform": lambda a, n, c: (f"{c.use('_counter_uniform')}({a[0]}, {a[1]})"
+                                        if n.attrs["dtype"] == torch.float32 else None),
 }
 
 # ops that kernel templates generate (no per-element expression): what generates them
@@ -275,6 +277,16 @@ def render_op(node: Node, args: Sequence[str], ctx: ExprContext) -> str | None:
 
 # ---------------------------------------------------------------------------- helpers
 HELPERS: dict[str, str] = {
+    # ir/ops/random.py: SplitMix64(seed, counter), its top 24 bits times 2^-24
+    "_counter_uniform": """
+@triton.jit
+def _counter_uniform(counter, seed):
+    z = seed.to(tl.uint64, bitcast=True) + (counter.to(tl.uint64, bitcast=True) + 1) * 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    z = z ^ (z >> 31)
+    return (z >> 40).to(tl.int32).to(tl.float32) * 5.9604644775390625e-08
+""",
     "_tanh": """
 @triton.jit
 def _tanh(x):

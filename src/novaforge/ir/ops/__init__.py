@@ -15,7 +15,7 @@ order of `OPS`, which docs and printers follow).
 from __future__ import annotations
 
 # isort: off
-from . import elementwise, generators, reduction, shape, indexing, matmul, extern  # noqa: F401  (definition order)
+from . import elementwise, generators, reduction, shape, indexing, matmul, extern, random  # noqa: F401  (definition order)
 # isort: on
 from .core import ATEN_OWNER, OPS, REQUIRED, OpDef, Reduction, define, extreme, node_flops
 from .matmul import attention_flops
