@@ -193,8 +193,8 @@ class _AtenGraphProgram:
     def _lower(self, gm: torch.fx.GraphModule, symbolic: bool = False):
         """(IR graph, lowering context, placeholder specs, output args, constant outputs); with
         `symbolic`, the graph keeps Dynamo's symbolic sizes (constant outputs are IR dims)."""
-        from .dynamic import SymbolConverter
         from ..ir.ops.random import random_mode
+        from .dynamic import SymbolConverter
         from .lower import InputSpec, lower_fx
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
