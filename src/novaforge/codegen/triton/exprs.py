@@ -196,6 +196,14 @@ def _cast(a, n, c):
     return f"{x}.to({TL_DTYPE[dst]})"
 
 
+def _counter_uniform(a, n, c):
+    u = f"{c.use('_counter_uniform')}({a[0]}, {a[1]})"  # float32, a multiple of 2^-24
+    dst = n.attrs["dtype"]
+    if dst in (torch.float16, torch.bfloat16):
+        return f"{downcast(u, dst)}.to(tl.float32)"  # rounded to the 16-bit type, computed in float32
+    return u if dst == torch.float32 else f"{u}.to({TL_DTYPE[dst]})"
+
+
 def _atan2(a, n, c):
     dt = n.inputs[0].type.dtype
     return f"{c.use('_atan2')}({a[0]}, {a[1]}, {signbit(a[0], dt)}, {signbit(a[1], dt)})"
@@ -239,8 +247,7 @@ TRITON_EXPR: dict[str, Render] = {
     "logical_and": _u("({0} & {1})"), "logical_or": _u("({0} | {1})"), "logical_xor": _u("({0} ^ {1})"),
     "where": _u("tl.where({0}, {1}, {2})"), "copy": _u("{0}"), "cast": _cast,
     "atan": _atan, "atan2": _atan2, "asin": _asin, "acos": _acos,
-    "counter_uniform": lambda a, n, c: (f"{c.use('_counter_uniform')}({a[0]}, {a[1]})"
-                                        if n.attrs["dtype"] == torch.float32 else None),
+    "counter_uniform": lambda a, n, c: _counter_uniform(a, n, c),
 }
 
 # ops that kernel templates generate (no per-element expression): what generates them
