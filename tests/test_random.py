@@ -92,6 +92,17 @@ def test_draws_are_uniform_independent_and_deterministic_per_seed():
     assert torch.equal(c(x)[0], u)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_rand_in_other_float_dtypes_stays_below_one(dtype):
+    # 16-bit floats keep the draw's top bits: a float32 draw near 1 would round up to 1
+    c = novaforge.compile(lambda x: torch.rand_like(x), backend="cpu", graph_cache=False)
+    torch.manual_seed(1)
+    u = c(torch.empty(1 << 16, dtype=dtype))
+    assert u.dtype == dtype and u.min() >= 0 and u.max() < 1
+    assert 0.49 < u.float().mean().item() < 0.51
+    assert u.unique().numel() > {torch.bfloat16: 200, torch.float16: 1500, torch.float64: 60000}[dtype]
+
+
 def test_eager_mode_keeps_atens_draws():
     x = torch.randn(8, 33)
     c = novaforge.compile(lambda x: F.dropout(x, 0.5, training=True), backend="cpu", random="eager",

@@ -97,9 +97,9 @@ counter_uniform = define(
 
 
 # ------------------------------------------------------------------ lowering
-def uniform(ctx, shape, device, dtype=torch.float32):
-    """IR values uniform on [0, 1) of `shape`: one seed drawn per call, the element's row-major
-    position as its counter."""
+def uniform(ctx, shape, device):
+    """float32 IR values uniform on [0, 1) of `shape`: one seed drawn per call, the element's
+    row-major position as its counter."""
     seed_type = TensorType((), torch.int64, device)
     spec = encode(((0, 1 << 62, []), {"dtype": torch.int64, "device": torch.device(device)}), [],
                   lambda x: False)
@@ -109,7 +109,18 @@ def uniform(ctx, shape, device, dtype=torch.float32):
     shape = tuple(shape)
     numel = math.prod(shape) if shape else 1
     counter = ctx.reshape(ctx.emit("iota", (), length=numel, dtype=torch.int64, device=device), shape)
-    return ctx.emit("counter_uniform", [counter, seed], dtype=dtype)
+    return ctx.emit("counter_uniform", [counter, seed], dtype=torch.float32)
+
+
+def uniform_of(ctx, t: TensorType):
+    """`uniform` in t's float dtype, still below 1: a 16-bit float keeps the draw's top bits (8 for
+    bfloat16, 11 for float16), since rounding 1 - 2^-24 to nearest would give 1."""
+    u = uniform(ctx, t.shape, t.device)
+    bits = {torch.bfloat16: 8, torch.float16: 11}.get(t.dtype)
+    if bits is not None:
+        scaled = ctx.emit("mul", [u, ctx.scalar(float(2**bits), torch.float32, t.device)])
+        u = ctx.emit("mul", [ctx.emit("floor", [scaled]), ctx.scalar(2.0**-bits, torch.float32, t.device)])
+    return ctx.cast(u, t.dtype)
 
 
 def counter_mode() -> bool:
@@ -159,7 +170,7 @@ def _lower_rand_like(ctx, x, **kwargs):
     t = ctx.out_type
     if not counter_mode() or not is_float(t.dtype):
         return ctx.extern("random")
-    return ctx.cast(uniform(ctx, t.shape, t.device), t.dtype)
+    return uniform_of(ctx, t)
 
 
 @counter_uniform.lowers(aten.rand.default)
@@ -167,4 +178,4 @@ def _lower_rand(ctx, size, *, generator=None, **kwargs):
     t = ctx.out_type
     if not counter_mode() or generator is not None or not is_float(t.dtype):
         return ctx.extern("random")
-    return ctx.cast(uniform(ctx, t.shape, t.device), t.dtype)
+    return uniform_of(ctx, t)
