@@ -169,3 +169,28 @@ def test_compile_step_with_dropout_is_deterministic_per_seed_and_trains():
     targets = {n.attrs.get("target") for k in graph.nodes if k.op == "kernel"
                for n in k.attrs["kernel"].body.nodes if n.op.startswith("extern")}
     assert targets <= {"aten.randint.low"}, targets
+
+
+def test_attention_dropout_of_sdpas_math_path():
+    """SDPA with dropout_p runs ATen's math path, whose dropout is in place (bernoulli_, div_)
+    even in a functionalized trace; the capture functionalizes the traced graph again. The
+    draws are counter-based; with v = 1 every output averages 1 over the masks."""
+    q, k = torch.randn(2, 4, 64, 8), torch.randn(2, 4, 64, 8)
+    v = torch.ones(2, 4, 64, 8)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True)
+
+    cpu = novaforge.compile(f, backend="cpu", graph_cache=False)
+    ref = novaforge.compile(f, backend="interpret", graph_cache=False)
+    torch.manual_seed(2)
+    got = cpu(q, k, v)
+    torch.manual_seed(2)
+    torch.testing.assert_close(got, ref(q, k, v), rtol=1e-5, atol=1e-5)  # same masks (softmax sums may round apart)
+    assert abs(got[:, :, 16:].mean().item() - 1.0) < 0.05  # rows with >= 17 keys
+    assert (got[..., 0] == got[..., 7]).all()  # one mask per (row, key), shared by v's columns
+    torch._dynamo.reset()
+    qg = q.clone().requires_grad_()
+    out = torch.compile(f, backend="novaforge")(qg, k, v)
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()

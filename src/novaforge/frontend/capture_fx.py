@@ -436,6 +436,8 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
                     gm = _functionalize_traced(gm, example)
                 except Exception:
                     raise first from None
+            if _has_mutation(gm):  # in-place ops inside a composite that functionalize traced through
+                gm = _functionalize_traced(gm, example)  # (SDPA's math path: dropout's bernoulli_, div_)
     except Exception as e:
         head = "\n".join(str(e).strip().splitlines()[:12])
         dd = "data-dependent" in str(e) or "_local_scalar_dense" in str(e) or "GuardOnDataDependent" in type(e).__name__
