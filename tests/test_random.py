@@ -194,3 +194,36 @@ def test_attention_dropout_of_sdpas_math_path():
     out = torch.compile(f, backend="novaforge")(qg, k, v)
     out.sum().backward()
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
+class _Checkpointed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(24, 48)
+        self.drop = torch.nn.Dropout(0.25)
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(lambda h: self.drop(self.lin(h)), x, use_reentrant=False)
+
+
+def test_compile_step_replays_the_forwards_dropout_under_activation_checkpointing():
+    """Activation checkpointing recomputes the forward in the backward after restoring the RNG
+    state: the recompute's dropout must draw the forward's mask. With SGD at lr 1 and x = I the
+    update is the gradient g^T = (c * mask / 0.75)^T, so the mask the backward used shows; the
+    loss shows the forward's."""
+    torch.manual_seed(0)
+    net = _Checkpointed().train()
+    w0, b0 = net.lin.weight.detach().clone(), net.lin.bias.detach().clone()
+    x, c = torch.eye(24), torch.randn(24, 48)
+    step = novaforge.compile_step(net, torch.optim.SGD(net.parameters(), lr=1.0),
+                                  loss_fn=lambda out, x: (out * c).sum())
+    loss = step(x).item()
+    mask = ((w0 - net.lin.weight.detach()).t() != 0).float()
+    assert 0.6 < mask.mean().item() < 0.9
+    want = ((x @ w0.t() + b0) * mask * c / 0.75).sum().item()
+    assert abs(loss - want) <= 1e-4 * abs(want), (loss, want)
+    # ATen's own draws cannot be replayed: a clear refusal, not other masks
+    net2 = _Checkpointed().train()
+    with pytest.raises(Exception, match="activation checkpointing"):
+        novaforge.compile_step(net2, torch.optim.SGD(net2.parameters(), lr=1.0),
+                               loss_fn=lambda out, x: (out * c).sum(), random="eager")(x)

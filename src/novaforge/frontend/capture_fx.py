@@ -23,11 +23,14 @@ import contextlib
 import linecache
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
 
+from ..ir.ops.random import RngReplay, counter_mode, is_random_target, rng_replay
 from . import pytrees
 from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
@@ -337,6 +340,51 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
                            dynamic=dynamic)
 
 
+class _CountRandom(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the RNG stream position of every random ATen op the trace runs."""
+
+    def __init__(self, replay: RngReplay, position: list[int]) -> None:
+        super().__init__()
+        self.replay, self.position = replay, position
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_random_target(func):
+            self.replay.positions.append(self.position[0])
+            self.position[0] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _follow_rng(replay: RngReplay):
+    """Trace with torch.get_rng_state / set_rng_state followed (RngReplay): a state taken at
+    position p and set again later moves the trace's position back to p. The functions still do
+    what they do; other threads see them unchanged."""
+    position = [0]
+    taken: dict[int, tuple[torch.Tensor, int]] = {}
+    me = threading.get_ident()
+    get0, set0 = torch.get_rng_state, torch.set_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        t = get0()
+        if threading.get_ident() == me:
+            taken[id(t)] = (t, position[0])
+        return t
+
+    def set_rng_state(new_state: torch.Tensor) -> None:
+        if threading.get_ident() == me and id(new_state) in taken and taken[id(new_state)][0] is new_state:
+            if position[0] != taken[id(new_state)][1]:
+                replay.restored = True
+            position[0] = taken[id(new_state)][1]
+        set0(new_state)
+
+    torch.get_rng_state, torch.set_rng_state = get_rng_state, set_rng_state
+    try:
+        with _CountRandom(replay, position):
+            yield
+    finally:
+        torch.get_rng_state, torch.set_rng_state = get0, set0
+
+
 def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.GraphModule:
     """The traced graph gm, functionalized: its in-place ops become functional ones, and writes
     to its inputs trailing `copy_` nodes. Used where the user's function cannot be traced again
@@ -399,7 +447,10 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         trace_objs: list[Any] = []  # the cache objects the traced call receives, by number
         a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
-        out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
+        replay = RngReplay()
+        with _follow_rng(replay):
+            out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
+        out_info["rng"] = replay  # (set when the trace completes: a failed retrace keeps the first trace's)
         in_objs = {id(o): i for i, o in enumerate(trace_objs)}
         results: list[torch.Tensor] = []  # every result tensor, in flattening order
         pytrees.flatten(out, inputs_objs=in_objs, tensor_alias=lambda t, leaves: results.append(t))
@@ -511,7 +562,13 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
     converter = SymbolConverter() if dynamic is not None else contextlib.nullcontext()
     try:
         try:
-            with converter:
+            replay = out_info.get("rng")
+            if replay is not None and replay.restored and not counter_mode() and any(
+                    is_random_target(n.target) for n in gm.graph.nodes):
+                raise UnsupportedError("random ops under activation checkpointing (its "
+                                       "recompute restores the RNG state) with random='eager': ATen's calls would "
+                                       "draw other numbers in the recompute; use random='counter'")
+            with converter, rng_replay(replay):
                 graph, ctx = lower_fx(gm, specs, output_nodes=outputs, mutations=mutations)
         except RuntimeError as e:
             if not getattr(e, "_nf_arg_check", False) or fake or dynamic is not None:

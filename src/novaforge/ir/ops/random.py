@@ -44,6 +44,47 @@ MIX2 = 0x94D049BB133111EB
 _mode: contextvars.ContextVar[str] = contextvars.ContextVar("novaforge_random", default="counter")
 
 
+class RngReplay:
+    """Where each random op of a trace stood in the RNG stream (`positions`, in trace order),
+    with torch.get_rng_state / set_rng_state followed: activation checkpointing saves the state
+    before its forward and restores it for the recompute in the backward, so the recompute's
+    random ops sit at the positions of the forward's and must draw the same numbers. Lowering
+    gives the random ops at one position one seed (`seed_for`). `restored`: the trace restored
+    a saved state (a replay happened)."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.restored = False
+        self.seeds: dict[int, object] = {}
+        self._order: dict[object, int] | None = None
+
+    def seed_for(self, fx_node) -> int | None:
+        """The stream position of this random FX node, or None when the trace's count of random
+        ops does not match the graph's (then each op gets its own seed)."""
+        if self._order is None:
+            nodes = [n for n in fx_node.graph.nodes if is_random_target(n.target)]
+            self._order = {n: i for i, n in enumerate(nodes)} if len(nodes) == len(self.positions) else {}
+        i = self._order.get(fx_node)
+        return None if i is None else self.positions[i]
+
+
+_replay: contextvars.ContextVar[RngReplay | None] = contextvars.ContextVar("novaforge_rng_replay", default=None)
+
+
+@contextlib.contextmanager
+def rng_replay(replay: RngReplay | None):
+    """Lower with the RNG positions a trace recorded (frontend/capture_fx.py)."""
+    token = _replay.set(replay)
+    try:
+        yield
+    finally:
+        _replay.reset(token)
+
+
+def is_random_target(target) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+
+
 @contextlib.contextmanager
 def random_mode(mode: str):
     """Lower the random ATen ops of what is lowered inside as `mode` ("counter" or "eager")."""
@@ -100,12 +141,21 @@ counter_uniform = define(
 def uniform(ctx, shape, device):
     """float32 IR values uniform on [0, 1) of `shape`: one seed drawn per call, the element's
     row-major position as its counter."""
-    seed_type = TensorType((), torch.int64, device)
-    spec = encode(((0, 1 << 62, []), {"dtype": torch.int64, "device": torch.device(device)}), [],
-                  lambda x: False)
-    seed = ctx.emit_node("extern_effect", [], {"target": "aten.randint.low", "spec": spec,
-                                                "out_types": (seed_type,), "reason": "the seed of a random op",
-                                                "keep": None}, [seed_type]).out
+    replay = _replay.get()
+    pos = replay.seed_for(ctx.fx_node) if replay is not None and ctx.fx_node is not None else None
+    seed = replay.seeds.get((pos, device)) if pos is not None else None
+    if seed is None:
+        seed_type = TensorType((), torch.int64, device)
+        spec = encode(((0, 1 << 62, []), {"dtype": torch.int64, "device": torch.device(device)}), [],
+                      lambda x: False)
+        seed = ctx.emit_node("extern_effect", [], {"target": "aten.randint.low", "spec": spec,
+                                                    "out_types": (seed_type,), "reason": "the seed of a random op",
+                                                    "keep": None}, [seed_type]).out
+        if pos is not None:
+            replay.seeds[(pos, device)] = seed  # a recompute at this position draws these numbers again
+        elif replay is not None and replay.restored:
+            raise ctx.unsupported("a random op in a trace that restores the RNG state (activation checkpointing's "
+                                  "recompute) whose stream position is unknown: its recompute would draw other numbers")
     shape = tuple(shape)
     numel = math.prod(shape) if shape else 1
     counter = ctx.reshape(ctx.emit("iota", (), length=numel, dtype=torch.int64, device=device), shape)
