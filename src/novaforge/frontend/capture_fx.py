@@ -442,15 +442,17 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
     pnames, bnames = list(params), list(buffers)
     flat_in = pytrees.flatten((tuple(args), dict(kwargs)))
     out_info: dict[str, Any] = {}
+    tracing = [False]  # traced() runs under make_fx (not on real tensors for eager's verdict)
 
     def traced(param_list, buffer_list, tensor_args):
         trace_objs: list[Any] = []  # the cache objects the traced call receives, by number
         a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         replay = RngReplay()
-        with _follow_rng(replay):
+        with _follow_rng(replay) if tracing[0] else contextlib.nullcontext():  # (not when eager's error is asked)
             out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
-        out_info["rng"] = replay  # (set when the trace completes: a failed retrace keeps the first trace's)
+        if tracing[0]:
+            out_info["rng"] = replay  # (set when the trace completes: a failed retrace keeps the first trace's)
         in_objs = {id(o): i for i, o in enumerate(trace_objs)}
         results: list[torch.Tensor] = []  # every result tensor, in flattening order
         pytrees.flatten(out, inputs_objs=in_objs, tensor_alias=lambda t, leaves: results.append(t))
@@ -473,7 +475,11 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
 
     def trace(functional: bool):
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
-        return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines())
+        tracing[0] = True
+        try:
+            return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines())
+        finally:
+            tracing[0] = False
 
     try:
         # most models mutate nothing: trace once without functionalization, which is cheaper,
