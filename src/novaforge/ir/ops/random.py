@@ -2,9 +2,9 @@
 (dropout, bernoulli, rand) built on it.
 
 A counter-based generator computes each random number from (seed, position) alone, with no
-state between elements, so a fused kernel draws its elements wherever it computes them (no
-mask buffer), a backward kernel recomputes a forward's mask instead of keeping it, and CPU
-and GPU kernels need no generator object. The function is SplitMix64 (Steele, Lea and Flood,
+state between elements, so a fused kernel draws its elements wherever it computes them, a
+backward kernel could recompute a forward's mask instead of keeping it (the remat pass does
+not yet), and CPU and GPU kernels need no generator object. The function is SplitMix64 (Steele, Lea and Flood,
 "Fast splittable pseudorandom number generators", OOPSLA 2014): the n-th output of a
 SplitMix64 stream started at `seed` is `mix(seed + (n + 1) * 0x9E3779B97F4A7C15)`, which is
 exactly a hash of the counter n; the stream passes BigCrush. The float is the top 24 bits
