@@ -196,14 +196,9 @@ def test_attention_dropout_of_sdpas_math_path():
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
 
 
-class _Checkpointed(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(24, 48)
-        self.drop = torch.nn.Dropout(0.25)
-
+class _Checkpointed(_Net):
     def forward(self, x):
-        return torch.utils.checkpoint.checkpoint(lambda h: self.drop(self.lin(h)), x, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
 
 
 def test_compile_step_replays_the_forwards_dropout_under_activation_checkpointing():

@@ -49,7 +49,7 @@ class RngReplay:
     with torch.get_rng_state / set_rng_state followed: activation checkpointing saves the state
     before its forward and restores it for the recompute in the backward, so the recompute's
     random ops sit at the positions of the forward's and must draw the same numbers. Lowering
-    gives the random ops at one position one seed (`seed_for`). `restored`: the trace restored
+    gives the random ops at one position one seed (`position_of`). `restored`: the trace restored
     a saved state (a replay happened)."""
 
     def __init__(self) -> None:
@@ -58,7 +58,7 @@ class RngReplay:
         self.seeds: dict[int, object] = {}
         self._order: dict[object, int] | None = None
 
-    def seed_for(self, fx_node) -> int | None:
+    def position_of(self, fx_node) -> int | None:
         """The stream position of this random FX node, or None when the trace's count of random
         ops does not match the graph's (then each op gets its own seed)."""
         if self._order is None:
@@ -139,10 +139,14 @@ counter_uniform = define(
 
 # ------------------------------------------------------------------ lowering
 def uniform(ctx, shape, device):
-    """float32 IR values uniform on [0, 1) of `shape`: one seed drawn per call, the element's
-    row-major position as its counter."""
+    """float32 IR values uniform on [0, 1) of `shape`: one seed drawn per call (shared by the
+    random ops at one RNG position of a trace, see RngReplay), the element's row-major position
+    as its counter."""
     replay = _replay.get()
-    pos = replay.seed_for(ctx.fx_node) if replay is not None and ctx.fx_node is not None else None
+    pos = replay.position_of(ctx.fx_node) if replay is not None and ctx.fx_node is not None else None
+    if pos is None and replay is not None and replay.restored:
+        raise ctx.unsupported("a random op in a trace that restores the RNG state (activation checkpointing's "
+                              "recompute) whose stream position is unknown: its recompute would draw other numbers")
     seed = replay.seeds.get((pos, device)) if pos is not None else None
     if seed is None:
         seed_type = TensorType((), torch.int64, device)
@@ -153,9 +157,6 @@ def uniform(ctx, shape, device):
                                                     "keep": None}, [seed_type]).out
         if pos is not None:
             replay.seeds[(pos, device)] = seed  # a recompute at this position draws these numbers again
-        elif replay is not None and replay.restored:
-            raise ctx.unsupported("a random op in a trace that restores the RNG state (activation checkpointing's "
-                                  "recompute) whose stream position is unknown: its recompute would draw other numbers")
     shape = tuple(shape)
     numel = math.prod(shape) if shape else 1
     counter = ctx.reshape(ctx.emit("iota", (), length=numel, dtype=torch.int64, device=device), shape)
