@@ -382,3 +382,31 @@ def test_dropout_training_draws_eagers_masks():
             opt.step()
             losses.append(loss.item())
         assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), (n, losses)
+
+
+def test_compile_step_adamw_param_groups_with_their_own_betas_and_steps():
+    """Adam(W)'s step-dependent scalars are computed for all parameters of one betas group at once
+    (training._adam_scalars): groups with other betas and weight decay, and a parameter whose
+    step is float64 (computed on its own), each get their own, as in eager."""
+    a, b = _pair()
+
+    def groups(m):
+        ps = list(m.parameters())
+        return [{"params": ps[:3], "betas": (0.8, 0.99), "weight_decay": 0.0},
+                {"params": ps[3:], "betas": (0.9, 0.999), "weight_decay": 0.1}]
+
+    oa, ob = torch.optim.AdamW(groups(a), lr=3e-3), torch.optim.AdamW(groups(b), lr=3e-3)
+    batches = _batches()
+    for opt, model in ((oa, a), (ob, b)):  # one eager step each: state exists, then one step goes float64
+        _eager_step(model, opt, *batches[0])
+        first = next(iter(model.parameters()))
+        opt.state[first]["step"] = opt.state[first]["step"].to(torch.float64)
+    step = novaforge.compile_step(a, oa)
+    for i in range(6):
+        x, y = batches[i % len(batches)]
+        got, want = step(x, y).item(), _eager_step(b, ob, x, y)
+        assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-4, rtol=1e-4)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert float(oa.state[p]["step"]) == float(ob.state[q]["step"]) == 7.0

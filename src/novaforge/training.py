@@ -146,24 +146,52 @@ def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torc
     return out
 
 
+def _adam_scalars(hypers: list[tuple], states: list[list[torch.Tensor]], lr: torch.Tensor) -> list[tuple | None]:
+    """Per parameter of Adam(W): (new step, lr / (1 - beta1^step), sqrt(1 - beta2^step), AdamW's
+    decay factor 1 - lr * wd), computed once for all parameters sharing betas (or weight decay):
+    stacked steps, then one element each. The same float32 formulas as one parameter at a time,
+    with about 6 fewer traced ops per parameter (AdamW's update was about 60% of GPT-42M's
+    compile_step trace). None for a parameter whose step is not a 0-d float32 tensor."""
+    out: list[tuple | None] = [None] * len(hypers)
+    groups: dict[tuple, list[int]] = {}
+    for i, (h, st) in enumerate(zip(hypers, states, strict=True)):
+        if st[0].dim() == 0 and st[0].dtype == torch.float32:
+            groups.setdefault(h[1], []).append(i)
+    decay: dict[float, torch.Tensor] = {}
+    for (beta1, beta2), idx in groups.items():
+        steps = torch.stack([states[i][0] for i in idx]) + 1
+        # eager computes these scalars as Python floats; float32 here keeps every kernel generated
+        # (float64 is not), and the losses still agree to ~1e-7 relative (tests/test_training.py)
+        step_size = lr / (1 - beta1 ** steps)
+        bias2_sqrt = (1 - beta2 ** steps).sqrt()
+        for j, i in enumerate(idx):
+            kind, wd = hypers[i][0], hypers[i][3]
+            if kind == "AdamW" and wd not in decay:
+                decay[wd] = 1 - lr * wd
+            out[i] = (steps[j], step_size[j], bias2_sqrt[j], decay.get(wd) if kind == "AdamW" else None)
+    return out
+
+
 def _update(kind: str, hyper: tuple, p: torch.Tensor, g: torch.Tensor, state: list[torch.Tensor],
-            lr: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            lr: torch.Tensor, scalars: tuple | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One parameter's update as new values (parameter, state): torch.optim's single-tensor
-    formulas, in their order (traced functionally: autograd.grad cannot be functionalized)."""
+    formulas, in their order (traced functionally: autograd.grad cannot be functionalized).
+    `scalars`: Adam(W)'s step-dependent scalars from `_adam_scalars`, or None to compute them here."""
     if kind in ("AdamW", "Adam"):
         _, (beta1, beta2), eps, wd = hyper
         step, exp_avg, exp_avg_sq = state
-        step = step + 1
-        # eager computes these scalars as Python floats; float32 here keeps every kernel generated
-        # (float64 is not), and the losses still agree to ~1e-7 relative (tests/test_training.py)
+        if scalars is None:
+            step = step + 1
+            step_size, bias2_sqrt = lr / (1 - beta1 ** step), (1 - beta2 ** step).sqrt()
+            factor = 1 - lr * wd
+        else:
+            step, step_size, bias2_sqrt, factor = scalars
         if kind == "AdamW":
-            p = p * (1 - lr * wd)
+            p = p * factor
         elif wd:
             g = g + wd * p
         exp_avg = torch.lerp(exp_avg, g, 1 - beta1)
         exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * g * g  # addcmul: self + (value * t1) * t2
-        step_size = lr / (1 - beta1 ** step)
-        bias2_sqrt = (1 - beta2 ** step).sqrt()
         denom = exp_avg_sq.sqrt() / bias2_sqrt + eps
         p = p + (-step_size * exp_avg) / denom  # addcdiv: self + (value * t1) / t2
         return p, [step, exp_avg, exp_avg_sq]
@@ -226,9 +254,10 @@ class CompiledStep:
                     coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
                     grads = [g * coef for g in grads]
                 it = iter(states)
-                for p, g, h, n in zip(params, grads, hypers, n_state, strict=True):
-                    old = [next(it) for _ in range(n)]
-                    new_p, new_state = _update(kind, h, p, g, old, lr)
+                olds = [[next(it) for _ in range(n)] for n in n_state]
+                adam = _adam_scalars(hypers, olds, lr) if kind in ("AdamW", "Adam") else [None] * len(olds)
+                for p, g, h, old, sc in zip(params, grads, hypers, olds, adam, strict=True):
+                    new_p, new_state = _update(kind, h, p, g, old, lr, sc)
                     p.copy_(new_p)
                     for dst, src in zip(old, new_state, strict=True):
                         dst.copy_(src)
