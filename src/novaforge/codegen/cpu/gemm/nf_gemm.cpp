@@ -265,20 +265,22 @@ struct RegionPrefetch {
 #define NF_GEMM_PREFETCH_B 512
 #endif
 /* Row-major float32 B (a [K, N] weight such as GPT-2's Conv1D) is read in place by the micro-kernel,
- * not copied into panels, when a task has at most this many rows, on AMD CPUs: on a Zen 4, GPT-2
- * b1 x 128 (M = 128) ran 3% faster (5 of 5 interleaved pairs); at M = 1024 the strided re-reads of
- * each block by 128 row tiles cost 13-17% (a partial last panel is still packed, as it would be read
- * past N). On an Intel Xeon (Sapphire Rapids, 2 threads, M = 128) packing was never slower and up to
- * 1.7x faster (K x N = 768 x 3840: 139 GFLOP/s in place, 233 packed; 768 x 2304: 154 and 216), so
- * there B is always packed. Never when B's rows alias in L1 (N = 1024, 2048, 3072, ...: rows a
- * multiple of 4 KiB apart). 0 turns it off. */
+ * not copied into panels, when a task has at most this many rows, on AMD CPUs with the AVX-512 build:
+ * on a Zen 4, GPT-2 b1 x 128 (M = 128) ran 3% faster (5 of 5 interleaved pairs); at M = 1024 the
+ * strided re-reads of each block by 128 row tiles cost 13-17% (a partial last panel is still packed,
+ * as it would be read past N). On an Intel Xeon (Sapphire Rapids, 2 threads, M = 128) packing was
+ * never slower and up to 1.7x faster (K x N = 768 x 3840: 139 GFLOP/s in place, 233 packed; 768 x
+ * 2304: 154 and 216); on a Zen 3 (AVX2: a row of a 24-column panel is 96 bytes, one and a half
+ * cache lines) whole GPT-2 b1 x 128 forwards ran 1.23x faster packing (271 -> 220 ms, interleaved calls in
+ * one process). So elsewhere B is always packed. Never when B's rows alias in L1 (N = 1024, 2048,
+ * 3072, ...: rows a multiple of 4 KiB apart). 0 turns it off. */
 #ifndef NF_GEMM_B_IN_PLACE_MAX_ROWS
 #define NF_GEMM_B_IN_PLACE_MAX_ROWS 128
 #endif
 #ifndef NF_GEMM_B_IN_PLACE_ANY_CPU  // 1: on every CPU (the tests' builds cover the path anywhere)
 #define NF_GEMM_B_IN_PLACE_ANY_CPU 0
 #endif
-static const bool kBInPlaceCpu = NF_GEMM_B_IN_PLACE_ANY_CPU || __builtin_cpu_is("amd");
+static const bool kBInPlaceCpu = NF_GEMM_B_IN_PLACE_ANY_CPU || (NF_ISA == 2 && __builtin_cpu_is("amd"));
 #ifndef NF_GEMM_UNPACKED_PACK_A
 #define NF_GEMM_UNPACKED_PACK_A 0
 #endif
