@@ -175,6 +175,27 @@ def test_accumulate_and_k_zero_unpacked(path):
     assert gemm.linear(torch.randn(4, 8), torch.randn(0, 8)).shape == (4, 0)
 
 
+# 96 <= M <= 128 with W rows aliasing in L1 (the row stride a multiple of 1024 floats): the broadcast kernel
+# where it is on (AVX2 builds; K = 2048 and 3072 take several K blocks), W packed on the fly elsewhere and
+# for M > 128 (200, 255)
+@pytest.mark.parametrize("M,K,N,ldw", [(96, 1024, 37, 1024), (128, 1000, 70, 1024), (200, 33, 13, 33),
+                                       (120, 2048, 50, 2048), (100, 3072, 6, 3072), (97, 1024, 1, 1024),
+                                       (255, 2048, 50, 2048)])
+def test_linear_many_rows(M, K, N, ldw):
+    """C = act(A @ W^T + C_old + bias) + residual with W [N, K] read in place (row stride ldw), 1-3
+    threads; A contiguous, column-strided and bf16; every element checked against float64."""
+    w = torch.randn(N, ldw)[:, :K]
+    bias, res, c0 = torch.randn(N), torch.randn(M, N), torch.randn(M, N)
+    for a in (torch.randn(M, K), torch.randn(K, M).t(), torch.randn(M, K).bfloat16()):
+        pre, scale = _ref(a.float(), w.t())
+        ref = torch.nn.functional.gelu(pre + c0.double() + bias.double(), approximate="tanh") + res.double()
+        for nthreads in (1, 2, 3):
+            _check(gemm.linear(a, w, nthreads=nthreads), pre, scale, K)
+            c = gemm.linear(a, w, bias=bias, act="gelu_tanh", residual=res, out=c0.clone(), accumulate=True,
+                            nthreads=nthreads)
+            _check(c, ref, scale, K, slack=1.5)
+
+
 def test_linear_rejects_bad_weights():
     with pytest.raises(ValueError):
         gemm.linear(torch.randn(4, 8), torch.randn(8, 5).t())  # not contiguous along K
@@ -333,18 +354,18 @@ def _relu_epilogue_with_tile_fn(bias: torch.Tensor, on_tile):
     return ep, fn
 
 
-@pytest.mark.parametrize("path", ["packed", "nt"])
+@pytest.mark.parametrize("path", ["packed", "nt", "nt_many_rows"])
 def test_tile_callback_sees_final_tiles_once(path):
-    M, K, N = 40, 30, 150
+    M, K, N = (112, 1024, 150) if path == "nt_many_rows" else (40, 30, 150)
     a, b, bias = torch.randn(M, K), torch.randn(K, N), torch.randn(N)
     ref = torch.relu(a.double() @ b.double() + bias.double())
     seen = torch.zeros(M, N, dtype=torch.int32)
-    errors: list[float] = []
+    got = torch.full((M, N), float("nan"), dtype=torch.float64)
 
     def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
         for i in range(rows):
             for j in range(cols):
-                errors.append(abs(c[i * ldc + j] - ref[row0 + i, col0 + j].item()))
+                got[row0 + i, col0 + j] = c[i * ldc + j]
         seen[row0 : row0 + rows, col0 : col0 + cols] += 1
 
     ep, _keep = _relu_epilogue_with_tile_fn(bias, on_tile)
@@ -356,7 +377,8 @@ def test_tile_callback_sees_final_tiles_once(path):
         w = b.t().contiguous()
         ops.lib().nf_sgemm_nt(M, N, K, a.data_ptr(), K, 1, w.data_ptr(), K, out.data_ptr(), N, 0, ctypes.byref(ep), 2)
     assert torch.equal(seen, torch.ones(M, N, dtype=torch.int32))
-    assert max(errors) < 1e-4
+    _, scale = _ref(a, b)
+    _check(got.float(), ref, scale, K)
 
 
 @pytest.mark.parametrize("path", ["unpacked", "packed", "strided_a"])
@@ -399,19 +421,23 @@ def test_tile_callback_without_c(path, small_blocks):
 
 @pytest.mark.parametrize(
     "variant",
-    [("generic", ()), ("avx2", ("-DNF_GEMM_MR=6", "-DNF_GEMM_NV=4", "-DNF_GEMM_DOT_MR=4")),
-     ("avx2", ("-DNF_GEMM_MR=3", "-DNF_GEMM_DOT_MR=2", "-DNF_GEMM_DOT_NR=6", "-DNF_GEMM_B_IN_PLACE_ANY_CPU=1"))],
+    [("generic", ("-DNF_GEMM_NT_BCAST=1",)), ("avx2", ("-DNF_GEMM_MR=6", "-DNF_GEMM_NV=4", "-DNF_GEMM_DOT_MR=4")),
+     ("avx2", ("-DNF_GEMM_MR=3", "-DNF_GEMM_DOT_MR=2", "-DNF_GEMM_DOT_NR=6", "-DNF_GEMM_B_IN_PLACE_ANY_CPU=1",
+               "-DNF_GEMM_BC_NR=13")),
+     ("native", ("-DNF_GEMM_NT_BCAST=1",))],
 )
 def test_other_builds(variant):
     """The portable fallback, and other tile shapes on this machine's ISA: AVX-512's (6 x 4 vectors,
     dot-product 4 x 4), a 3-row tile with a 2 x 6 dot-product tile (scalar reductions) that also
-    reads row-major B in place on any CPU (by default only on AMD's)."""
+    reads row-major B in place on any CPU (by default only on AMD's) and a 13-column broadcast tile
+    (columns past one vector); and the broadcast kernel (112 x 1024 below) in the portable build and in
+    this machine's own (where it is off by default: AVX-512)."""
     isa, extra = variant
     lib = build.load(isa, extra)
     with ops.using(lib):
-        if extra:
+        if extra and extra[0].startswith("-DNF_GEMM_MR"):
             assert lib.nf_sgemm_mr() == int(extra[0].split("=")[1])
-        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33), (10, 20, 1601), (7, 1700, 50)]:
+        for M, K, N in [(1, 5, 3), (25, 300, 70), (13, 64, 33), (10, 20, 1601), (7, 1700, 50), (112, 1024, 45)]:
             a, b, bias, res = torch.randn(M, K), torch.randn(N, K).t(), torch.randn(N), torch.randn(M, N)
             pre, scale = _ref(a, b)
             for act in ("none", "gelu_erf", "silu"):

@@ -29,7 +29,7 @@ from .... import settings
 
 _HERE = Path(__file__).resolve().parent
 SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp")
-HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_internal.h")
+HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_bcast.h", "nf_gemm_internal.h")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
 ISA_FLAGS = {
     "native": ("-march=native",),

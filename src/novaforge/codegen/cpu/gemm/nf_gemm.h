@@ -113,7 +113,9 @@ void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a,
  * (nf_sgemm_nt_mr() rows of A x nf_sgemm_nt_nr() rows of W) reads both operands along K in place; its
  * epilogue is a vectorized pass over each finished chunk of C, then tile_fn is called on it (a row
  * block x up to 64 columns); A with cs_a != 1 (or bf16) is copied into per-thread scratch. With more
- * rows these entries run nf_sgemm / nf_gemm_mixed on B = W^T (W packed on the fly, block by block). */
+ * rows, float32 W, on AVX2 builds: a broadcast micro-kernel (vectors along M: A packed once per row block
+ * and thread, W's elements broadcast where they are); otherwise these entries run nf_sgemm /
+ * nf_gemm_mixed on B = W^T (W packed on the fly, block by block). */
 int nf_sgemm_nt_mr(void);
 int nf_sgemm_nt_nr(void);
 void nf_sgemm_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* W, long ldw, float* C,

@@ -1,9 +1,10 @@
 /* nf_gemm_nt.cpp — C = A @ W^T with W a row-major [N, K] matrix (an nn.Linear weight) and no packed
  * copy of W: for few rows (M < kPackMinRows, decode-like; float32 W up to kDotMaxRows rows unless its
- * rows alias in L1) a dot-product micro-kernel reads W in place; for more rows the entries hand over to
- * nf_gemm.cpp's on-the-fly packing of B = W^T.
+ * rows alias in L1) a dot-product micro-kernel reads W in place; for more rows a broadcast micro-kernel
+ * (vectors along M, nf_gemm_bcast.h: bc_block) reads W in place where it is on (kBcast), else the entries
+ * hand over to nf_gemm.cpp's on-the-fly packing of B = W^T.
  *
- * Invariant: nt_block() computes exactly the C rows [m0,m1) x columns [n0,n1) it is given,
+ * Invariant: nt_block() and bc_block() compute exactly the C rows [m0,m1) x columns [n0,n1) given,
  * reading only those rows of A and those rows of W. Each C element is written once per K block
  * by the micro-kernel (the first block stores, or adds to C_old when accumulating; later blocks
  * add), then once by the epilogue pass (bias, activation, residual), then handed to the tile
@@ -29,9 +30,12 @@
 #include <atomic>
 
 #include "nf_gemm.h"
+#include "nf_gemm_bcast.h"
 #include "nf_gemm_dot.h"
 #include "nf_gemm_internal.h"
 
+using nfb::BMR;
+using nfb::BNR;
 using nfd::DMR;
 using nfd::DNR;
 using nfs::W;
@@ -60,7 +64,10 @@ struct NtProblem {
     long ldc;
     bool accumulate;
     const nf_epilogue* ep;
+    long call;  // a number no other call of the library's entries has (a packed A is reused within a call)
 };
+
+std::atomic<long> g_calls{0};
 
 thread_local nfi::Scratch t_nt_scratch;  // a: staged rows of A, b: a block of W rows in float32
 
@@ -224,6 +231,106 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     }
 }
 
+/* ---------------- broadcast kernel: vectors along M, W read in place ----------------
+ * Loop nest per block (nf_gemm_bcast.h):
+ *   for row block          mb rows of A packed once (all of K) into BMR-row tiles: 3/4 of L2
+ *     for column chunk     kBcChunk columns of C, finished (epilogue + callback) while in L2
+ *       for column group   BNR rows of W, each K block (BNR x KC: 3/4 of L1d) from L3/DRAM once, then L1
+ *         for K block
+ *           for row tile   its BMR x KC slice of packed A streams from L2
+ *             broadcast micro-kernel (partial sums of earlier K blocks in per-thread scratch)
+ *       epilogue pass and tile callback on the chunk */
+constexpr long kBcChunk = kChunk / BNR * BNR;
+
+thread_local nfi::Scratch t_bc_scratch;  // a: the packed row block of A, c: partial sums of one column group
+thread_local long t_bc_key[3] = {-1, -1, -1};  // (call, first row, rows) of the row block packed in t_bc_scratch.a
+
+NtBlocking bc_blocking(long K) {
+    const long l1 = nfi::l1d_bytes() > 0 ? nfi::l1d_bytes() : 32 * 1024;
+    const long l2 = nfi::l2_bytes() > 0 ? nfi::l2_bytes() : 512 * 1024;
+    const long kmax = std::max((long)W, (l1 * 3 / 4 / (BNR * 4)) / W * W);
+    NtBlocking b;
+    const long nk = cdiv(K, kmax);
+    b.kc = std::min(K, cdiv(cdiv(K, nk), W) * W);
+    b.mb = std::max((long)BMR, std::min(64L * BMR, (l2 * 3 / 4 / (K * 4)) / BMR * BMR));
+    return b;
+}
+
+/* rows [r0, r0 + rows) of A, all of K, as BMR-row tiles packed k-major:
+ * dst[(t*K + k)*BMR + i] = A(r0 + t*BMR + i, k) as float32, 0 past `rows` */
+template <typename T>
+void pack_a_tiles(const T* A, long rs, long cs, long r0, long rows, long K, float* dst) {
+    for (long t = 0; t * BMR < rows; ++t) {
+        const long tr = std::min((long)BMR, rows - t * BMR), row0 = r0 + t * BMR;
+        float* d = dst + t * K * BMR;
+        if (sizeof(T) == 4 && cs == 1) {  // W x W blocks, transposed in registers
+            const float* a = (const float*)A + row0 * rs;
+            for (long k0 = 0; k0 < K; k0 += W) {
+                const int kw = (int)std::min((long)W, K - k0);
+                const nfs::vm m = nfs::vmask_range(0, kw);
+                for (int h = 0; h < 2; ++h) {
+                    nfs::vf r[W];
+                    for (int i = 0; i < W; ++i)
+                        r[i] = h * W + i < tr ? nfs::vload_mask(a + (h * W + i) * rs + k0, m) : nfs::vzero();
+                    nfs::vtranspose(r);
+                    for (int q = 0; q < kw; ++q) nfs::vstore(d + (k0 + q) * BMR + h * W, r[q]);
+                }
+            }
+            continue;
+        }
+        for (long k = 0; k < K; ++k)
+            for (long i = 0; i < BMR; ++i) d[k * BMR + i] = i < tr ? to_f32(A[(row0 + i) * rs + k * cs]) : 0.f;
+    }
+}
+
+void bc_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
+    if (m0 >= m1 || n0 >= n1) return;
+    const long K = P.K;  // > 0 (nt_path)
+    const NtBlocking bl = bc_blocking(K);
+    const long nkb = cdiv(K, bl.kc);
+    const long nmb = cdiv(m1 - m0, bl.mb);
+    const long mb = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), BMR) * BMR);
+    nfi::Scratch& ws = t_bc_scratch;
+    float* part = nkb > 1 ? nfi::Scratch::grow(ws.c, ws.c_cap, cdiv(mb, BMR) * BNR * BMR) : nullptr;
+    const nf_epilogue* ep = P.ep;
+    const float* res = ep ? ep->residual : nullptr;
+    const float* wbase = (const float*)P.W;
+    for (long ic = m0; ic < m1; ic += mb) {
+        const long mcb = std::min(mb, m1 - ic), ntile = cdiv(mcb, BMR);
+        auto packed_a = [&]() -> const float* {  // this row block of A, packed once per call and thread
+            if (t_bc_key[0] != P.call || t_bc_key[1] != ic || t_bc_key[2] != mcb) {
+                float* dst = nfi::Scratch::grow(ws.a, ws.a_cap, ntile * K * BMR);
+                if (P.a_bf16) pack_a_tiles((const uint16_t*)P.A, P.rs_a, P.cs_a, ic, mcb, K, dst);
+                else pack_a_tiles((const float*)P.A, P.rs_a, P.cs_a, ic, mcb, K, dst);
+                t_bc_key[0] = P.call, t_bc_key[1] = ic, t_bc_key[2] = mcb;
+            }
+            return ws.a;
+        };
+        const float* ap = packed_a();
+        for (long jc = n0; jc < n1; jc += kBcChunk) {
+            const long jce = std::min(n1, jc + kBcChunk);
+            for (long j = jc; j < jce; j += BNR) {
+                const int cw = (int)std::min((long)BNR, jce - j);
+                for (long kb = 0; kb < nkb; ++kb) {
+                    const long k0 = kb * bl.kc, kc = std::min(bl.kc, K - k0);
+                    const bool last = kb == nkb - 1;
+                    for (long t = 0; t < ntile; ++t)
+                        nfb::bc_kernels[cw](kc, ap + (t * K + k0) * BMR, wbase + j * P.ldw + k0, P.ldw,
+                                            part ? part + t * BNR * BMR : nullptr, kb > 0,
+                                            last ? P.C + (ic + t * BMR) * P.ldc + j : nullptr, P.ldc,
+                                            (int)std::min((long)BMR, mcb - t * BMR), P.accumulate);
+                }
+            }
+            epilogue_pass(P.C, P.ldc, ic, ic + mcb, jc, jce, ep ? ep->bias : nullptr, ep ? ep->act : 0, res,
+                          ep ? ep->ld_residual : 0);
+            if (ep && ep->tile_fn) {
+                ep->tile_fn(ep->tile_ctx, 0, P.C + ic * P.ldc + jc, P.ldc, ic, jc, mcb, jce - jc);
+                ap = packed_a();  // (a callback that ran a GEMM of its own on this thread took the scratch)
+            }
+        }
+    }
+}
+
 /* ---------------- few rows, row-major B: C = A @ B streaming the rows of B ----------------
  * For decode (M <= kRowsRowMajor) with B[K, N] row-major read in place (a GPT-2 Conv1D weight): each
  * thread owns a column range [n0, n1) of C, which stays in L1/L2, and streams its slice of four rows
@@ -302,7 +409,7 @@ inline long split(long units, long parts, long i, long unit, long limit) {
     return std::min(limit, (units * i / parts) * unit);
 }
 
-void nt_run(const NtProblem& P, int nthreads) {
+void nt_run(const NtProblem& P, int nthreads, bool bcast) {
     if (P.M <= 0 || P.N <= 0) return;
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (omp_in_parallel()) nt = 1;
@@ -310,14 +417,18 @@ void nt_run(const NtProblem& P, int nthreads) {
     long want = std::max(std::min((long)nt, (long)(macs / kMinThreadMacs)),
                          std::min(kTasksPerThread * nt, (long)(macs / kMinTaskMacs)));
     want = std::max(want, 1L);
-    // columns in units of whole vectors of C (the epilogue pass stays aligned), rows in tiles
-    const long unit = DNR * cdiv(8, DNR), nu = cdiv(P.N, unit), mt = cdiv(P.M, DMR);
+    // columns in units of whole vectors of C (the epilogue pass stays aligned) or of broadcast column
+    // groups, rows in tiles
+    const long unit = bcast ? BNR : DNR * cdiv(8, DNR), rows = bcast ? BMR : DMR;
+    const long nu = cdiv(P.N, unit), mt = cdiv(P.M, rows);
     const long tn = std::min(nu, want), tm = std::min(mt, cdiv(want, tn));
     const long tasks = tm * tn;
     auto run_task = [&](long t) {
         const long mi = t / tn, ni = t % tn;
-        nt_block(P, split(mt, tm, mi, DMR, P.M), split(mt, tm, mi + 1, DMR, P.M), split(nu, tn, ni, unit, P.N),
-                 split(nu, tn, ni + 1, unit, P.N));
+        const long r0 = split(mt, tm, mi, rows, P.M), r1 = split(mt, tm, mi + 1, rows, P.M);
+        const long c0 = split(nu, tn, ni, unit, P.N), c1 = split(nu, tn, ni + 1, unit, P.N);
+        if (bcast) bc_block(P, r0, r1, c0, c1);
+        else nt_block(P, r0, r1, c0, c1);
     };
     if (nt > tasks) nt = (int)tasks;
     if (nt <= 1) {
@@ -362,6 +473,7 @@ NtProblem make_nt(long M, long N, long K, const void* A, int a_bf16, long rs_a, 
     P.A = A, P.a_bf16 = a_bf16 != 0, P.rs_a = rs_a, P.cs_a = cs_a;
     P.W = Wt, P.w_bf16 = w_bf16 != 0, P.ldw = ldw;
     P.C = C, P.ldc = ldc, P.accumulate = accumulate != 0, P.ep = ep;
+    P.call = g_calls.fetch_add(1, std::memory_order_relaxed);
     return P;
 }
 
@@ -384,10 +496,28 @@ constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
 #endif
 constexpr long kDotMaxRows = NF_GEMM_NT_DOT_MAX_ROWS;
 
-/* Pack W on the fly (nf_gemm.cpp) rather than run the dot-product kernel? */
-inline bool pack_w(long M, long ldw, bool w_bf16) {
-    if (M < kPackMinRows) return false;
-    return w_bf16 || M > kDotMaxRows || rows_alias_in_l1(ldw * 4);
+/* The broadcast kernel (nf_gemm_bcast.h) instead of packing W on the fly, for float32 W, up to
+ * kBcastMaxRows rows. Measured on AVX2 (Zen 3, 2 threads, M = 128, `benchmarks/gemm_cpu.py --only
+ * nf-nt,nf-unpacked`): K x N = 3072 x 768 115 against 99 GFLOP/s packing on the fly, 2048 x 512 115
+ * against 105, 2048 x 768 109 against 108; whole Llama-style b1 x 128 forwards 5.5% faster (interleaved
+ * calls, one process). At M = 1024 it was 4-17% slower than packing (a row block of A that fits L2 is
+ * 32-128 rows: W streams from L3 once per block), so more rows are packed. On AVX-512 not measured yet,
+ * so off there. NF_GEMM_NT_BCAST=1 forces it on. */
+#ifndef NF_GEMM_NT_BCAST
+#define NF_GEMM_NT_BCAST (NF_ISA == 1)
+#endif
+constexpr bool kBcast = NF_GEMM_NT_BCAST != 0;
+#ifndef NF_GEMM_NT_BCAST_MAX_ROWS
+#define NF_GEMM_NT_BCAST_MAX_ROWS 128
+#endif
+constexpr long kBcastMaxRows = NF_GEMM_NT_BCAST_MAX_ROWS;
+
+enum class NtPath { dot, bcast, pack };
+
+/* dot-product kernel, broadcast kernel, or W packed on the fly (nf_gemm.cpp)? */
+inline NtPath nt_path(long M, long K, long ldw, bool w_bf16) {
+    if (M < kPackMinRows || !(w_bf16 || M > kDotMaxRows || rows_alias_in_l1(ldw * 4))) return NtPath::dot;
+    return kBcast && !w_bf16 && K > 0 && M <= kBcastMaxRows ? NtPath::bcast : NtPath::pack;
 }
 
 }  // namespace
@@ -410,28 +540,33 @@ int nf_sgemm_nt_nr(void) { return DNR; }
 
 void nf_sgemm_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
                  long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (pack_w(M, ldw, false))
+    const NtPath path = nt_path(M, K, ldw, false);
+    if (path == NtPath::pack)
         nf_sgemm(M, N, K, A, rs_a, cs_a, Wt, 1, ldw, C, ldc, accumulate, ep, nthreads);
     else
-        nt_run(make_nt(M, N, K, A, 0, rs_a, cs_a, Wt, 0, ldw, C, ldc, accumulate, ep), nthreads);
+        nt_run(make_nt(M, N, K, A, 0, rs_a, cs_a, Wt, 0, ldw, C, ldc, accumulate, ep), nthreads, path == NtPath::bcast);
 }
 
 void nf_sgemm_nt_block(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw,
                        float* C, long ldc, long m0, long m1, long n0, long n1, int accumulate, const nf_epilogue* ep) {
-    if (pack_w(std::min(M, m1) - std::max(0L, m0), ldw, false)) {
+    const NtPath path = nt_path(std::min(M, m1) - std::max(0L, m0), K, ldw, false);
+    if (path == NtPath::pack) {
         nf_sgemm_block(M, N, K, A, rs_a, cs_a, Wt, 1, ldw, C, ldc, m0, m1, n0, n1, accumulate, ep);
         return;
     }
     const NtProblem P = make_nt(M, N, K, A, 0, rs_a, cs_a, Wt, 0, ldw, C, ldc, accumulate, ep);
-    nt_block(P, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
+    if (path == NtPath::bcast) bc_block(P, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
+    else nt_block(P, std::max(0L, m0), std::min(M, m1), std::max(0L, n0), std::min(N, n1));
 }
 
 void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt,
                       int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (pack_w(M, ldw, w_bf16 != 0))
+    const NtPath path = nt_path(M, K, ldw, w_bf16 != 0);
+    if (path == NtPath::pack)
         nf_gemm_mixed(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, 1, ldw, C, ldc, accumulate, ep, nthreads);
     else
-        nt_run(make_nt(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, ldw, C, ldc, accumulate, ep), nthreads);
+        nt_run(make_nt(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, ldw, C, ldc, accumulate, ep), nthreads,
+               path == NtPath::bcast);
 }
 
 }  // extern "C"
