@@ -38,6 +38,7 @@ import torch
 
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module
+from .frontend.lower import COMPOSITES
 
 # ---------------------------------------------------------------- differentiable calls
 
@@ -146,51 +147,54 @@ def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torc
     return out
 
 
-def _adam_scalars(hypers: list[tuple], states: list[list[torch.Tensor]], lr: torch.Tensor) -> list[tuple]:
-    """Per parameter of Adam(W): (new step, lr / (1 - beta1^step), sqrt(1 - beta2^step), AdamW's
-    decay factor 1 - lr * wd), computed once for all parameters sharing betas (the decay factor
-    once per weight decay): their steps stacked, then one element each. A parameter whose step
-    is not a 0-d float32 tensor is a group of its own. The same formulas as one parameter at a
-    time, with about 6 fewer traced ops per parameter (AdamW's update was about 60% of GPT-42M's
-    compile_step trace)."""
-    out: list[tuple] = [()] * len(hypers)
-    groups: dict[tuple, list[int]] = {}
-    for i, (h, st) in enumerate(zip(hypers, states, strict=True)):
-        stackable = st[0].dim() == 0 and st[0].dtype == torch.float32
-        groups.setdefault(h[1] if stackable else ("own", i), []).append(i)
-    decay: dict[float, torch.Tensor] = {}
-    for idx in groups.values():
-        beta1, beta2 = hypers[idx[0]][1]
-        steps = torch.stack([states[i][0] for i in idx]) + 1
-        # eager computes these scalars as Python floats; float32 here keeps every kernel generated
-        # (float64 is not), and the losses still agree to ~1e-7 relative (tests/test_training.py)
-        step_size = lr / (1 - beta1 ** steps)
-        bias2_sqrt = (1 - beta2 ** steps).sqrt()
-        for j, i in enumerate(idx):
-            kind, wd = hypers[i][0], hypers[i][3]
-            if kind == "AdamW" and wd not in decay:
-                decay[wd] = 1 - lr * wd
-            out[i] = (steps[j], step_size[j], bias2_sqrt[j], decay.get(wd) if kind == "AdamW" else None)
-    return out
+def _adam_math(p: torch.Tensor, g: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+               step: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float, eps: float, wd: float,
+               adamw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One parameter's Adam(W) update as new values (parameter, exp_avg, exp_avg_sq, step):
+    torch.optim's single-tensor formulas, in their order."""
+    step = step + 1
+    # eager computes these scalars as Python floats; float32 here keeps every kernel generated
+    # (float64 is not), and the losses still agree to ~1e-7 relative (tests/test_training.py)
+    step_size = lr / (1 - beta1 ** step)
+    bias2_sqrt = (1 - beta2 ** step).sqrt()
+    if adamw:
+        p = p * (1 - lr * wd)
+    elif wd:
+        g = g + wd * p
+    exp_avg = torch.lerp(exp_avg, g, 1 - beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * g * g  # addcmul: self + (value * t1) * t2
+    denom = exp_avg_sq.sqrt() / bias2_sqrt + eps
+    p = p + (-step_size * exp_avg) / denom  # addcdiv: self + (value * t1) / t2
+    return p, exp_avg, exp_avg_sq, step
+
+
+@torch.library.custom_op("novaforge::adam_update", mutates_args=())
+def adam_update(p: torch.Tensor, g: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                step: torch.Tensor, lr: torch.Tensor, beta1: float, beta2: float, eps: float, wd: float,
+                adamw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_adam_math` as one op: the step's trace records one node per parameter instead of ~20 (AdamW's
+    update was about 60% of GPT-42M's compile_step trace); the lowering expands it
+    (`lower.COMPOSITES`), tracing `_adam_math` once per parameter shape."""
+    return _adam_math(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, adamw)
+
+
+@adam_update.register_fake
+def _(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, adamw):
+    return torch.empty_like(p), torch.empty_like(exp_avg), torch.empty_like(exp_avg_sq), torch.empty_like(step)
+
+
+COMPOSITES[torch.ops.novaforge.adam_update.default] = _adam_math
 
 
 def _update(kind: str, hyper: tuple, p: torch.Tensor, g: torch.Tensor, state: list[torch.Tensor],
-            lr: torch.Tensor, scalars: tuple) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            lr: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One parameter's update as new values (parameter, state): torch.optim's single-tensor
-    formulas, in their order (traced functionally: autograd.grad cannot be functionalized).
-    `scalars`: Adam(W)'s step-dependent scalars from `_adam_scalars` (unused by SGD)."""
+    formulas, in their order (traced functionally: autograd.grad cannot be functionalized)."""
     if kind in ("AdamW", "Adam"):
         _, (beta1, beta2), eps, wd = hyper
-        _, exp_avg, exp_avg_sq = state
-        step, step_size, bias2_sqrt, factor = scalars
-        if kind == "AdamW":
-            p = p * factor
-        elif wd:
-            g = g + wd * p
-        exp_avg = torch.lerp(exp_avg, g, 1 - beta1)
-        exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * g * g  # addcmul: self + (value * t1) * t2
-        denom = exp_avg_sq.sqrt() / bias2_sqrt + eps
-        p = p + (-step_size * exp_avg) / denom  # addcdiv: self + (value * t1) / t2
+        step, exp_avg, exp_avg_sq = state
+        p, exp_avg, exp_avg_sq, step = adam_update(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd,
+                                                   kind == "AdamW")
         return p, [step, exp_avg, exp_avg_sq]
     _, momentum, wd = hyper
     if wd:
@@ -252,9 +256,8 @@ class CompiledStep:
                     grads = [g * coef for g in grads]
                 it = iter(states)
                 olds = [[next(it) for _ in range(n)] for n in n_state]
-                adam = _adam_scalars(hypers, olds, lr) if kind in ("AdamW", "Adam") else [()] * len(olds)
-                for p, g, h, old, sc in zip(params, grads, hypers, olds, adam, strict=True):
-                    new_p, new_state = _update(kind, h, p, g, old, lr, sc)
+                for p, g, h, old in zip(params, grads, hypers, olds, strict=True):
+                    new_p, new_state = _update(kind, h, p, g, old, lr)
                     p.copy_(new_p)
                     for dst, src in zip(old, new_state, strict=True):
                         dst.copy_(src)

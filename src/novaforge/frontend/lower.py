@@ -18,7 +18,7 @@ with its arguments kept as is), counted and reported. An op that cannot be handl
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -462,6 +462,8 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
         result = _empty_results(ctx)
     elif rule is not None:
         result = rule(ctx, *args, **kwargs)
+    elif target in COMPOSITES:
+        result = _lower_decomposed(ctx, n, target, rules, COMPOSITES[target])
     elif not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
     elif _has_decomposition(target):
@@ -517,6 +519,14 @@ def _before(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     return False
 
 
+# novaforge's own composite ops: torch.library custom ops that a trace records as one node each (the
+# optimizer update of a parameter, `training.py`), -> the Python function of ATen ops that computes
+# them. Lowered as a CompositeImplicitAutograd op is: that function is traced once per argument
+# types and its ops lowered in place, so 100 parameters of a few shapes cost a few traces, not
+# 100 x ~20 traced ops.
+COMPOSITES: dict[Any, Callable[..., Any]] = {}
+
+
 def _has_decomposition(target: torch._ops.OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
 
@@ -538,10 +548,12 @@ def _decomposition_key(target, flat: list, spec: Any, where: list[int], vals: li
     return key
 
 
-def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOverload, rules: dict) -> Any:
+def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOverload, rules: dict,
+                      decompose: Callable[..., Any] | None = None) -> Any:
     """Lower a composite op without a rule through the decomposition eager itself runs (its
-    CompositeImplicitAutograd kernel), traced on fake inputs of the node's shapes; the ops it
-    produces are lowered in place (with their own rules, or as externs)."""
+    CompositeImplicitAutograd kernel, or `decompose` for novaforge's own `COMPOSITES`), traced
+    on fake inputs of the node's shapes once per argument types; the ops it produces are lowered
+    in place (with their own rules, or as externs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -554,7 +566,7 @@ def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOver
         for i, t in zip(where, tensors, strict=True):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        return target.decompose(*args, **kwargs)
+        return (decompose or target.decompose)(*args, **kwargs)
 
     key = _decomposition_key(target, flat, spec, where, vals)
     sub = _DECOMPOSITIONS.get(key) if key is not None else None
