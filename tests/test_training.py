@@ -173,8 +173,14 @@ def test_compiled_module_trains_with_gradients_like_eager():
         loss, grads = _compiled_step(c, a, oa, x, y)
         want = _eager_step(b, ob, x, y)
         assert abs(loss - want) <= 1e-4 * abs(want)
+        if i == 0:  # the same parameters: the gradients differ by float rounding only
+            for g, p in zip(grads, b.parameters(), strict=True):
+                torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)
+    # after 5 AdamW steps the two runs' parameters differ by rounding that Adam amplifies (a gradient
+    # element near zero gets an lr-sized step either way): the issue's criterion, relative to the
+    # largest gradient (7.3e-4 measured on an AVX2 Zen 3, where elementwise 1e-5 / 1e-3 failed)
     for g, p in zip(grads, b.parameters(), strict=True):
-        torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-3)
+        assert (g - p.grad).abs().max() <= 1e-3 * p.grad.abs().max()
     assert c.compilations == 1
     with torch.no_grad():  # inference calls of the same module use the frozen-free inference program
         torch.testing.assert_close(c(batches[0][0]), b(batches[0][0]), atol=1e-4, rtol=1e-4)
