@@ -231,9 +231,25 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     }
 }
 
+/* The broadcast kernel (nf_gemm_bcast.h) instead of packing W on the fly, for float32 W, up to
+ * kBcastMaxRows rows. Measured on AVX2 (Zen 3, 2 threads, M = 128, `benchmarks/gemm_cpu.py --only
+ * nf,nf-nt,nf-unpacked`), GFLOP/s in place / packed on the fly / pre-packed: K x N = 3072 x 768 123 /
+ * 97 / 112, 2048 x 768 122 / 110 / 123, 2048 x 512 121 / 109 / 121; whole Llama-style b1 x 128 forwards
+ * 5.5% faster (interleaved calls, one process, with L2-sized row blocks, before the blocks below). At
+ * M = 1024 it was 4-17% slower than packing (W streams from L3 once per row block of A), so more rows
+ * are packed. On AVX-512 not measured yet, so off there. NF_GEMM_NT_BCAST=1 forces it on. */
+#ifndef NF_GEMM_NT_BCAST
+#define NF_GEMM_NT_BCAST (NF_ISA == 1)
+#endif
+constexpr bool kBcast = NF_GEMM_NT_BCAST != 0;
+#ifndef NF_GEMM_NT_BCAST_MAX_ROWS
+#define NF_GEMM_NT_BCAST_MAX_ROWS 128
+#endif
+constexpr long kBcastMaxRows = NF_GEMM_NT_BCAST_MAX_ROWS;
+
 /* ---------------- broadcast kernel: vectors along M, W read in place ----------------
  * Loop nest per block (nf_gemm_bcast.h):
- *   for row block          mb rows of A packed once (all of K) into BMR-row tiles: 3/4 of L2
+ *   for row block          up to kBcastMaxRows rows of A packed once per call (all of K) into BMR-row tiles
  *     for column chunk     kBcChunk columns of C, finished (epilogue + callback) while in L2
  *       for column group   BNR rows of W, each K block (BNR x KC: 3/4 of L1d) from L3/DRAM once, then L1
  *         for K block
@@ -247,12 +263,14 @@ thread_local long t_bc_key[3] = {-1, -1, -1};  // (call, first row, rows) of the
 
 NtBlocking bc_blocking(long K) {
     const long l1 = nfi::l1d_bytes() > 0 ? nfi::l1d_bytes() : 32 * 1024;
-    const long l2 = nfi::l2_bytes() > 0 ? nfi::l2_bytes() : 512 * 1024;
     const long kmax = std::max((long)W, (l1 * 3 / 4 / (BNR * 4)) / W * W);
     NtBlocking b;
     const long nk = cdiv(K, kmax);
     b.kc = std::min(K, cdiv(cdiv(K, nk), W) * W);
-    b.mb = std::max((long)BMR, std::min(64L * BMR, (l2 * 3 / 4 / (K * 4)) / BMR * BMR));
+    // all of a task's rows (it has at most kBcastMaxRows) in one block: at K = 2048-3072 an L2-sized block
+    // is 32-48 rows, and packing A again for each block and task cost more than streaming a 1.5 MB packed
+    // A from L3 (Zen 3, 2 threads, M = 128: 3072 x 768 136 against 119 GFLOP/s, 2048 x 512 149 against 132)
+    b.mb = cdiv(kBcastMaxRows, BMR) * BMR;
     return b;
 }
 
@@ -291,7 +309,6 @@ void bc_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     const long nmb = cdiv(m1 - m0, bl.mb);
     const long mb = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), BMR) * BMR);
     nfi::Scratch& ws = t_bc_scratch;
-    float* part = nkb > 1 ? nfi::Scratch::grow(ws.c, ws.c_cap, cdiv(mb, BMR) * BNR * BMR) : nullptr;
     const nf_epilogue* ep = P.ep;
     const float* res = ep ? ep->residual : nullptr;
     const float* wbase = (const float*)P.W;
@@ -311,6 +328,7 @@ void bc_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
             const long jce = std::min(n1, jc + kBcChunk);
             for (long j = jc; j < jce; j += BNR) {
                 const int cw = (int)std::min((long)BNR, jce - j);
+                float* part = nkb > 1 ? nfi::Scratch::grow(ws.c, ws.c_cap, ntile * BNR * BMR) : nullptr;
                 for (long kb = 0; kb < nkb; ++kb) {
                     const long k0 = kb * bl.kc, kc = std::min(bl.kc, K - k0);
                     const bool last = kb == nkb - 1;
@@ -495,22 +513,6 @@ constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
 #define NF_GEMM_NT_DOT_MAX_ROWS 128
 #endif
 constexpr long kDotMaxRows = NF_GEMM_NT_DOT_MAX_ROWS;
-
-/* The broadcast kernel (nf_gemm_bcast.h) instead of packing W on the fly, for float32 W, up to
- * kBcastMaxRows rows. Measured on AVX2 (Zen 3, 2 threads, M = 128, `benchmarks/gemm_cpu.py --only
- * nf-nt,nf-unpacked`): K x N = 3072 x 768 115 against 99 GFLOP/s packing on the fly, 2048 x 512 115
- * against 105, 2048 x 768 109 against 108; whole Llama-style b1 x 128 forwards 5.5% faster (interleaved
- * calls, one process). At M = 1024 it was 4-17% slower than packing (a row block of A that fits L2 is
- * 32-128 rows: W streams from L3 once per block), so more rows are packed. On AVX-512 not measured yet,
- * so off there. NF_GEMM_NT_BCAST=1 forces it on. */
-#ifndef NF_GEMM_NT_BCAST
-#define NF_GEMM_NT_BCAST (NF_ISA == 1)
-#endif
-constexpr bool kBcast = NF_GEMM_NT_BCAST != 0;
-#ifndef NF_GEMM_NT_BCAST_MAX_ROWS
-#define NF_GEMM_NT_BCAST_MAX_ROWS 128
-#endif
-constexpr long kBcastMaxRows = NF_GEMM_NT_BCAST_MAX_ROWS;
 
 enum class NtPath { dot, bcast, pack };
 
