@@ -109,6 +109,36 @@ def test_column_major_a_as_in_weight_gradients(M, K, N):
         _check(_product(path, a, b, nthreads=2), ref, scale, K)
 
 
+@pytest.mark.parametrize("b_kind", ["row_major", "strided", "bf16"])
+def test_weight_gradient_packs_b_once_per_call(b_kind):
+    """Column-major A with more rows than one row block holds (small cache sizes here; a tall dW
+    on a real machine): B is packed once for the call, before the tasks, and every task reads
+    those panels. With a bias + ReLU epilogue, an accumulating call, 1 and 2 threads, and a
+    second, smaller call reusing the calling thread's buffer."""
+    lib = ops.lib()
+    lib.nf_gemm_set_cache_sizes(4096, 16384, 0)
+    try:
+        for M, K, N in ((301, 200, 70), (97, 40, 30)):
+            a = torch.randn(K, M).t()
+            b = torch.randn(K, N)
+            if b_kind == "strided":
+                b = torch.randn(N, K).t()
+            elif b_kind == "bf16":
+                b = b.bfloat16()
+            ref, scale = _ref(a, b.float())
+            bias = torch.randn(N)
+            for nthreads in (1, 2):
+                _check(gemm.matmul(a, b, nthreads=nthreads), ref, scale, K)
+                got = gemm.matmul(a, b, bias=bias, act="relu", nthreads=nthreads)
+                _check(got, torch.relu(ref + bias.double()), scale, K)
+            c = torch.randn(M, N)
+            before = c.double().clone()
+            gemm.matmul(a, b, out=c, accumulate=True, nthreads=2)
+            _check(c, before + ref, scale + before.abs(), K)
+    finally:
+        lib.nf_gemm_set_cache_sizes(*build.cache_sizes().values())
+
+
 def _product(path: str, a: torch.Tensor, b: torch.Tensor, **kw) -> torch.Tensor:
     """a @ b (+ epilogue) through one of the library's paths: packed B, B packed on the fly (as given or
     as a row-major copy), or the dot-product kernel on b.t()."""
