@@ -171,3 +171,60 @@ def test_capture_leaves_the_users_module_alone():
     assert len(want.attentions) == 2 and not torch.equal(want.attentions[0], want.attentions[1])
     for a, b in zip(got.attentions, want.attentions, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("patch", ["rebound", "closure", "partial", "child_rebound"])
+def test_forward_set_on_the_instance_trains_like_eager(patch):
+    """A forward assigned on an instance: the bound method itself (`m.forward = m.forward`, what
+    wrapping and unwrapping leaves behind), a closure or functools.partial around the original
+    forward (as patching libraries install), or a child's. Outputs and gradients match eager's,
+    through novaforge.compile and compile_step, and the user's module is left as it was."""
+    import copy
+    import functools
+
+    torch.manual_seed(0)
+
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+
+    def patched(model):
+        target = model[2] if patch == "child_rebound" else model
+        inner = target.forward
+        if patch in ("rebound", "child_rebound"):
+            target.forward = inner
+        elif patch == "closure":
+            target.forward = lambda x: inner(x) * 2.0
+        else:
+            target.forward = functools.partial(lambda m, x: type(m).forward(m, x) * 3.0, target)
+        return model
+
+    m = build()
+    ref = patched(copy.deepcopy(m))
+    m = patched(m)
+    fwd_attr = m.__dict__.get("forward")
+    x = torch.randn(5, 4)
+    compiled = novaforge.compile(m)
+    out = compiled(x)
+    want = ref(x)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    assert m.__dict__.get("forward") is fwd_attr
+    assert all(type(p) is torch.nn.Parameter for p in m.parameters())
+
+    # the whole step: forward, loss, backward and SGD, against eager's
+    m2 = build()
+    ref2 = patched(copy.deepcopy(m2))
+    m2 = patched(m2)
+    step = novaforge.compile_step(m2, torch.optim.SGD(m2.parameters(), lr=0.1), lambda y, x: y.square().mean())
+    opt = torch.optim.SGD(ref2.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = step(x)
+        want = ref2(x).square().mean()
+        want.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)

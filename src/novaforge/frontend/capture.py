@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,14 +122,19 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
     user's module). Tracing swaps fake tensors into those tables
     (`functional_call`), so tracing the shadow leaves the user's module untouched for eager
     code running in other threads. A forward that `novaforge.generation` installed on an
-    instance is dropped from the shadow (it traces the module's own forward)."""
+    instance is dropped from the shadow (it traces the module's own forward). A forward set on
+    an instance as a bound method of a module of the tree is rebound to that module's shadow; any
+    other one (a closure, a functools.partial) may hold the user's module, so then the user's
+    module itself is returned and traced."""
     memo: dict[int, torch.nn.Module] = {}
+    originals: dict[int, torch.nn.Module] = {}
 
     def go(m: torch.nn.Module) -> torch.nn.Module:
         if id(m) in memo:
             return memo[id(m)]
         new = copy.copy(m)
         memo[id(m)] = new
+        originals[id(m)] = m
         d = new.__dict__
         d["_parameters"] = dict(m._parameters)
         d["_buffers"] = dict(m._buffers)
@@ -145,7 +151,26 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
                 d["forward"] = own
         return new
 
-    return go(module)
+    root = go(module)
+    # a bound method of a module of the tree kept as an instance attribute (`m.forward = m.forward`,
+    # what wrapping and unwrapping a forward leaves behind) is rebound to that module's shadow:
+    # bound to the user's module it would read the user's parameters, not the traced ones
+    for new in memo.values():
+        for k, v in list(new.__dict__.items()):
+            owner = getattr(v, "__self__", None) if isinstance(v, types.MethodType) else None
+            if owner is not None and originals.get(id(owner)) is owner:
+                new.__dict__[k] = types.MethodType(v.__func__, memo[id(owner)])
+    # any other forward set on an instance (a closure or functools.partial around the original
+    # forward, as patching libraries install) may hold the user's module itself, which no shadow
+    # can redirect: then the user's module is traced (its tables hold the traced tensors during
+    # the capture, like torch.func.functional_call's)
+    # (not where novaforge.generation installed a forward: the user's module would run that one)
+    if not any(getattr(m.__dict__.get("forward"), "_novaforge_replaced", False) for m in originals.values()):
+        for new in memo.values():
+            fwd = new.__dict__.get("forward")
+            if fwd is not None and not (isinstance(fwd, types.MethodType) and id(fwd.__self__) in originals):
+                return module
+    return root
 
 
 def has_meta_state(module: Any) -> bool:
