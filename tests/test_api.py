@@ -228,3 +228,58 @@ def test_forward_set_on_the_instance_trains_like_eager(patch):
         opt.step()
         opt.zero_grad()
         torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_garbage_collector_is_paused_while_compiling(monkeypatch):
+    """Compiles run with Python's cyclic collector paused (novaforge.gc_pause), through
+    novaforge.compile and torch.compile, and it is enabled again afterwards; nested and
+    concurrent pauses are counted, and a collector the user disabled stays disabled."""
+    import gc
+    import threading
+
+    from novaforge import api
+    from novaforge.frontend import dynamo
+    from novaforge.gc_pause import paused_gc
+
+    seen: list[bool] = []
+    for owner, name in ((api, "_compile_graph"), (dynamo._AtenGraphProgram, "_build")):
+        orig = getattr(owner, name)
+
+        def spy(*a, _orig=orig, **k):
+            seen.append(gc.isenabled())
+            return _orig(*a, **k)
+
+        monkeypatch.setattr(owner, name, spy)
+    assert gc.isenabled()
+    x = torch.randn(4, 3)
+    novaforge.compile(torch.nn.Linear(3, 2))(x)
+    torch.compile(torch.nn.Linear(3, 5), backend="novaforge")(x)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+    # counting: two threads inside at once, nested pauses, an exception inside
+    inside, release = threading.Barrier(2), threading.Event()
+
+    def worker():
+        with paused_gc():
+            inside.wait()
+            release.wait()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    with paused_gc():
+        inside.wait()
+        with pytest.raises(RuntimeError), paused_gc():
+            raise RuntimeError
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the worker is still inside
+    release.set()
+    t.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -34,6 +34,7 @@ from . import logs, settings
 from .frontend import pytrees
 from .frontend.capture import Captured, capture, has_meta_state
 from .frontend.symbolic_entry import SymbolicCaptures
+from .gc_pause import paused_gc
 from .ir import Graph
 from .ir.specialize import specialize
 from .ir.types import contiguous_strides
@@ -528,7 +529,7 @@ def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: 
     progress line and dump folder: `novaforge.logs`). `captured`: a graph already captured for
     these inputs (a symbolic capture specialized to their sizes), used instead of tracing."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    with logs.compile_session(name) as session:
+    with logs.compile_session(name) as session, paused_gc():
         stats = _compile_graph(fn, args, kwargs, freeze=freeze, backend=backend, options=options, session=session,
                                captured=captured)
     _log_runtime.info("compiled %s in %.2f s (%s backend)", name, stats.times["total_s"], stats.backend)

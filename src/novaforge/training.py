@@ -39,6 +39,7 @@ import torch
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module
 from .frontend.lower import COMPOSITES
+from .gc_pause import paused_gc
 
 # ---------------------------------------------------------------- differentiable calls
 
@@ -89,7 +90,7 @@ class TrainEntry:
         params = [p for _, p in self.module.named_parameters()]
         buffers = [b for _, b in self.module.named_buffers()]
         if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
-            with TRACING_LOCK, self._lock:
+            with TRACING_LOCK, self._lock, paused_gc():
                 outs = self.compiled(params, buffers, *tensors)
         else:
             with self._lock:

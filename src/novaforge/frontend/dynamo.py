@@ -49,6 +49,7 @@ import torch
 import torch.fx
 
 from .. import logs
+from ..gc_pause import paused_gc
 from ..ir.symbolic import Sym
 from ..options import Options
 from ..runtime.tiering import Tiering, build_estimate, record_build
@@ -174,7 +175,7 @@ class _AtenGraphProgram:
 
     def _build_or_fallback(self, gm: torch.fx.GraphModule) -> Any:
         try:
-            with _no_fake_mode():
+            with _no_fake_mode(), paused_gc():
                 return self._build(gm)
         except Exception as e:
             if self.fallback_mode == "raise":
