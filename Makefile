@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/novaforge cache install-gemm || echo "nf_gemm: not built now; the first compile builds it"
 	touch $(STAMP)
 
 .PHONY: venv demo test lint bench

@@ -2,7 +2,8 @@
 
     novaforge demo     compile a real model, compare with eager, print the compile report
     novaforge report   the same as one self-contained HTML page (tables, kernel graph, plots)
-    novaforge cache    info | verify | clear [--older-than DAYS]: the on-disk kernel cache
+    novaforge cache    info | verify | clear [--older-than DAYS]: the on-disk kernel cache;
+                       install-gemm: build this machine's GEMM library into the environment
     novaforge bench    benchmarks against eager, torch.compile, ONNX Runtime, OpenVINO (see --help)
     novaforge ops      the lowering table (which ATen ops become IR primitives, which go extern)
     novaforge fuzz     differential fuzzing against eager (--seeds N --backend cpu|triton; see --help)

@@ -131,3 +131,23 @@ def test_clear_older_than_and_all_leaves_foreign_files(cache, capsys):
     assert n >= 4 and size > 0
     left = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     assert left == ["cpu/README", "notes.txt"]
+
+
+def test_install_gemm_builds_into_the_environment_once(tmp_path, monkeypatch, capsys):
+    """`novaforge cache install-gemm` (make venv) puts this machine's verified GEMM library in the
+    environment's folder; a second run finds it there."""
+    calls: list[str] = []
+    real = gemm_build.library_path()
+
+    def fake_compile(so, isa, extra):  # the command's logic, not the compiler, is under test
+        calls.append(so.name)
+        shutil.copyfile(real, so)
+        so.with_suffix(".sha256").write_text(
+            gemm_build._sidecar(gemm_build._sha256(so), so.stat().st_size, gemm_build._key_of(so)))
+
+    monkeypatch.setattr(gemm_build, "_compile", fake_compile)
+    monkeypatch.setattr(gemm_build, "installed_dir", lambda: tmp_path / "share")
+    for _ in range(2):
+        assert cli.main(["cache", "install-gemm"]) == 0
+    path = Path(capsys.readouterr().out.splitlines()[-1].split(": ", 1)[1])
+    assert path.parent == tmp_path / "share" and gemm_build._verified(path) and len(calls) == 1

@@ -558,6 +558,7 @@ def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
         shutil.copyfile(real, so)
         so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
 
+    monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_compile", fake_compile)
     so = build.library_path()
@@ -570,6 +571,40 @@ def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
     assert build._verified(so)
 
 
+def test_cache_takes_the_install_time_build(tmp_path, monkeypatch):
+    """A cache without the library copies the install-time build (same build key) instead of
+    compiling; a damaged install-time copy is not trusted (rebuilt in the cache), and test builds
+    with extra flags never take it."""
+    real = build.library_path()
+    calls: list[str] = []
+
+    def fake_compile(so, isa, extra):
+        calls.append(so.name)
+        shutil.copyfile(real, so)
+        so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
+
+    monkeypatch.setattr(build, "_compile", fake_compile)
+    monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "installed")
+    installed = build.build_installed()
+    assert installed.parent == tmp_path / "installed" and len(calls) == 1 and build._verified(installed)
+    assert build.build_installed() == installed and len(calls) == 1
+
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path / "cache1"))
+    so = build.library_path()
+    assert so.parent == tmp_path / "cache1" / "gemm" and so.name == installed.name
+    assert len(calls) == 1 and build._verified(so) and so.read_bytes() == installed.read_bytes()
+    assert not list(so.parent.glob("*.tmp"))
+
+    with open(installed, "r+b") as f:  # damaged after installing: a new cache compiles its own
+        f.seek(100)
+        f.write(b"\x00corrupt")
+    monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path / "cache2"))
+    so2 = build.library_path()
+    assert len(calls) == 2 and calls[-1] == so2.name and build._verified(so2)
+    build.library_path(extra=("-DNF_GEMM_MR=4",))
+    assert len(calls) == 3
+
+
 def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
     real = build.library_path()
     calls: list[str] = []
@@ -579,6 +614,7 @@ def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
         shutil.copyfile(real, so)
         so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
 
+    monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_compile", fake_compile)
     monkeypatch.setattr(build, "_background", set())
@@ -592,6 +628,7 @@ def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
 
 
 def test_real_build_compiles_units_in_parallel_and_links(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
     so = build.library_path()
     assert build._verified(so) and not list(so.parent.glob("*.objs.*")) and not list(so.parent.glob("*.tmp"))

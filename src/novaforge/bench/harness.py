@@ -7,7 +7,8 @@ again in reverse order, and so on, so slow drift of the machine (10-20% between 
 on all runners alike instead of on whichever ran last. All runners get the same thread count
 (OMP/MKL env, `torch.set_num_threads`, ORT and OpenVINO settings). torch.compile gets an empty
 inductor cache in every process (cold compile); novaforge gets one cache folder per case shared
-by its processes, so the first process compiles cold and later ones find what it cached.
+by its processes, so the first process compiles cold and later ones find what it cached (the
+GEMM library comes from the install-time build when there is one: benchmarks/README.md).
 
 Invariant: a runner whose package is missing is `skipped` (no process started), a runner that
 raises or dies is `failed` with its reason, and neither stops the other runners; every timed

@@ -1,4 +1,5 @@
-"""`novaforge cache info|verify|clear`: what the on-disk cache holds, checked and pruned.
+"""`novaforge cache info|verify|clear`: what the on-disk cache holds, checked and pruned;
+`novaforge cache install-gemm`: the install-time build of the GEMM library (`make venv`).
 
 The cache root (`settings.cache_root()`) holds one folder per kind:
 
@@ -277,7 +278,7 @@ def clear(root: Path | None = None, older_than_days: float | None = None) -> tup
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="novaforge cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["info", "verify", "clear"])
+    p.add_argument("action", choices=["info", "verify", "clear", "install-gemm"])
     p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="clear: only entries older than this")
     p.add_argument("--dry-run", action="store_true", help="verify: report bad entries without removing them")
     args = p.parse_args(argv)
@@ -289,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         for e, why in bad:
             print(f"{'bad' if args.dry_run else 'removed'}: {e.kind} {e.path}: {why}")
         print(f"checked {n} entries under {root}: {len(bad)} bad" + ("" if args.dry_run or not bad else ", removed"))
+    elif args.action == "install-gemm":  # make venv: this machine's GEMM library, built once per environment
+        from ..codegen.cpu.gemm.build import build_installed
+
+        print(f"nf_gemm installed: {build_installed()}")
     else:
         n, size = clear(root, args.older_than)
         scope = f" older than {args.older_than:g} days" if args.older_than is not None else ""
