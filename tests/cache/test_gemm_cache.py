@@ -16,6 +16,7 @@ def good_library(tmp_path, monkeypatch) -> Path:
     """A valid library and sidecar, copied from the session cache into a private cache root."""
     src = build.library_path()
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build to copy
     dst = build.cache_dir() / src.name
     shutil.copy(src, dst)
     shutil.copy(src.with_suffix(".sha256"), dst.with_suffix(".sha256"))
@@ -64,6 +65,22 @@ def test_damage_is_detected_and_rebuilt(good_library, monkeypatch, damage):
     monkeypatch.setattr(build, "_compile", fake_compile)
     assert build.library_path() == so
     assert rebuilt == [so] and build.verify_library(so) == ""
+
+
+def test_damage_is_replaced_by_the_install_time_build(good_library, tmp_path, monkeypatch):
+    """With an install-time build of the same key, a damaged cache entry is replaced by a copy of
+    it (verified), not compiled."""
+    so = good_library
+    inst = tmp_path / "installed"
+    inst.mkdir()
+    shutil.copy(so, inst / so.name)
+    shutil.copy(so.with_suffix(".sha256"), inst / so.with_suffix(".sha256").name)
+    monkeypatch.setattr(build, "installed_dir", lambda: inst)
+    good = so.read_bytes()
+    so.write_bytes(b"\x7fELF" + b"\xff" * 5000)
+    monkeypatch.setattr(build, "_compile", lambda *a: pytest.fail("compiled instead of copying"))
+    assert build.library_path() == so
+    assert build.verify_library(so) == "" and so.read_bytes() == good
 
 
 def test_non_utf8_sidecar_real_rebuild(good_library):
