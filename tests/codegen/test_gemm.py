@@ -549,14 +549,22 @@ def test_generated_code_can_include_and_link(tmp_path):
     assert run.returncode == 0, f"worst relative error {run.stdout.strip()} {run.stderr}"
 
 
-def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
+def _copying_compile():
+    """(the names it was called for, a stand-in for build._compile that copies this session's
+    library and writes its sidecar): the cache logic, not the compiler, is under test."""
     real = build.library_path()
     calls: list[str] = []
 
-    def fake_compile(so, isa, extra):  # copy instead of compiling: the logic, not the compiler, is under test
+    def fake_compile(so, isa, extra):
         calls.append(so.name)
         shutil.copyfile(real, so)
         so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
+
+    return calls, fake_compile
+
+
+def test_cache_rebuilds_corrupt_library(tmp_path, monkeypatch):
+    calls, fake_compile = _copying_compile()
 
     monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))
@@ -575,13 +583,7 @@ def test_cache_takes_the_install_time_build(tmp_path, monkeypatch):
     """A cache without the library copies the install-time build (same build key) instead of
     compiling; a damaged install-time copy is not trusted (rebuilt in the cache), and test builds
     with extra flags never take it."""
-    real = build.library_path()
-    calls: list[str] = []
-
-    def fake_compile(so, isa, extra):
-        calls.append(so.name)
-        shutil.copyfile(real, so)
-        so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
+    calls, fake_compile = _copying_compile()
 
     monkeypatch.setattr(build, "_compile", fake_compile)
     monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "installed")
@@ -606,13 +608,7 @@ def test_cache_takes_the_install_time_build(tmp_path, monkeypatch):
 
 
 def test_background_build_fills_the_cache_once(tmp_path, monkeypatch):
-    real = build.library_path()
-    calls: list[str] = []
-
-    def fake_compile(so, isa, extra):
-        calls.append(so.name)
-        shutil.copyfile(real, so)
-        so.with_suffix(".sha256").write_text(build._sidecar(build._sha256(so), so.stat().st_size, build._key_of(so)))
+    calls, fake_compile = _copying_compile()
 
     monkeypatch.setattr(build, "installed_dir", lambda: tmp_path / "none")  # no install-time build
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(tmp_path))

@@ -156,10 +156,24 @@ def library_path(isa: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     `extra` adds compiler flags (tests use -DNF_GEMM_MR=.. to run other tile heights)."""
     isa = isa or isa_choice()
     so = cache_dir() / f"libnf_gemm-{isa}-{build_key(isa, extra)}.so"
+    copy_ok = not extra  # test builds with extra flags are never installed
+    return _ensure(so, isa, extra, copy_ok)
+
+
+def _ensure(so: Path, isa: str, extra: tuple[str, ...], copy_installed: bool) -> Path:
+    """`so` verified: as it is, copied from the install-time build, or compiled."""
     with _lock:
-        if not _verified(so) and not (not extra and _copy_installed(so)):
-            _compile(so, isa, extra)
+        if _verified(so) or (copy_installed and _copy_installed(so)):
+            return so
+        _compile(so, isa, extra)
     return so
+
+
+def _put(tmp: str, dst: Path) -> None:
+    """Atomically rename a finished file into place (damage may have left a directory there)."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
 
 
 def _copy_installed(so: Path) -> bool:
@@ -174,9 +188,7 @@ def _copy_installed(so: Path) -> bool:
             os.close(fd)
             try:
                 shutil.copyfile(a, tmp)
-                if b.is_dir() and not b.is_symlink():
-                    shutil.rmtree(b, ignore_errors=True)
-                os.replace(tmp, b)
+                _put(tmp, b)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -188,11 +200,7 @@ def build_installed(isa: str | None = None) -> Path:
     isa = isa or isa_choice()
     d = installed_dir()
     d.mkdir(parents=True, exist_ok=True)
-    so = d / f"libnf_gemm-{isa}-{build_key(isa, ())}.so"
-    with _lock:
-        if not _verified(so):
-            _compile(so, isa, ())
-    return so
+    return _ensure(d / f"libnf_gemm-{isa}-{build_key(isa, ())}.so", isa, (), False)
 
 
 def start_background_build(isa: str | None = None) -> None:
@@ -243,11 +251,8 @@ def _compile(so: Path, isa: str, extra: tuple[str, ...]) -> None:
         digest = _sha256(Path(tmp))
         side_tmp = tmp + ".sha256"
         Path(side_tmp).write_text(_sidecar(digest, Path(tmp).stat().st_size, _key_of(so)))
-        for dst in (so, so.with_suffix(".sha256")):  # damage may have left a directory in the way
-            if dst.is_dir() and not dst.is_symlink():
-                shutil.rmtree(dst, ignore_errors=True)
-        os.replace(tmp, so)
-        os.replace(side_tmp, so.with_suffix(".sha256"))
+        _put(tmp, so)
+        _put(side_tmp, so.with_suffix(".sha256"))
     finally:
         for p in (tmp, tmp + ".sha256"):
             if os.path.exists(p):

@@ -522,8 +522,8 @@ void pack_b_all(long K, long N, const T* B, long sk, long sn, float* packed, int
 thread_local Scratch t_call_b;
 constexpr long kKeepPrepackedB = 4L << 20;  // floats
 
-bool prepack_b(const Problem& P, long batch, const Grid& g) {
-    if (P.Bp || batch != 1 || P.K <= 0 || !(P.a_bf16 || P.cs_a != 1)) return false;
+bool prepack_b(const Problem& P, long batch, const Grid& g, bool a_packed) {
+    if (P.Bp || batch != 1 || P.K <= 0 || !a_packed) return false;
     const long rows = cdiv(cdiv(P.M, MR), g.tm) * MR;
     return cdiv(rows, row_block_max(rows, P.K, true, false)) >= 2;
 }
@@ -535,7 +535,7 @@ void run(const Problem& P0, long batch, int nthreads) {
     const bool a_packed = P0.a_bf16 || P0.cs_a != 1;
     Grid g = choose_grid(batch, P0.M, P0.N, P0.K, nt, P0.Bp == nullptr, a_packed);
     Problem P = P0;
-    if (prepack_b(P0, batch, g)) {
+    if (prepack_b(P0, batch, g, a_packed)) {
         float* buf = Scratch::grow(t_call_b.b, t_call_b.b_cap, nf_sgemm_packed_size(P.K, P.N) + 16);
         if (P.b_bf16)
             pack_b_all(P.K, P.N, (const uint16_t*)P.B, P.rs_b, P.cs_b, buf, nt);
