@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from cpu_check import check
 
+import novaforge
+
 
 def _r(*shape):
     return torch.randn(shape)
@@ -52,6 +54,25 @@ def test_math_special_values():
     x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, 88.8, -104.0, 30.0, -30.0])
     check(lambda a: (torch.exp(a), torch.tanh(a), torch.sigmoid(a), torch.erf(a), torch.log(a.abs()),
                      torch.maximum(a, torch.zeros_like(a)), torch.isnan(a), torch.isinf(a), torch.isfinite(a)), x)
+
+
+def test_exp_over_its_whole_range():
+    """nf_exp clamps with max/min, rounds by the 1.5 * 2^23 shift and scales by two powers of two:
+    within 2 ulp everywhere it is normal, subnormal results to the last bit or two, 0 below
+    -103.97, inf from 88.7229 on, NaN kept."""
+    edges = [88.72283, 88.72284, 88.7229, 89.0, 95.0, -87.3365, -87.34, -103.97, -103.98, -104.0, -150.0,
+             0.0, -0.0, 1e-30, -1e-30, float("inf"), -float("inf"), float("nan")]
+    x = torch.cat([torch.linspace(-110.0, 95.0, 200_003), torch.tensor(edges)])
+    with torch.no_grad():
+        got = novaforge.compile(torch.exp, backend="cpu")(x)
+    ref = torch.exp(x.double())
+    normal = (ref >= 1.1754944e-38) & (ref <= 3.4028234e38)
+    rel = ((got.double() - ref).abs() / ref)[normal]
+    assert rel.max().item() < 2.5e-7, rel.max().item()
+    sub = ref < 1.1754944e-38
+    assert (got.double() - ref)[sub].abs().max().item() <= 2.9e-45  # two subnormal steps
+    assert torch.isinf(got[ref > 3.4028236e38]).all() and torch.isnan(got[torch.isnan(x)]).all()
+    assert (got[x <= -104.0] == 0).all()
 
 
 def test_compare_where_and_bools():
