@@ -99,17 +99,24 @@ def _threads_for(est_ns: float, iterations: int, target: CpuTarget) -> int:
     return max(1, min(target.threads, pays, iterations))
 
 
+ATTENTION_Q_TILE = 24  # query rows per block of the flash-attention forward
+ATTENTION_KV_TILE = 128  # most keys per block
+
+
 def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
     vec = target.vector_floats
     est = estimate_ns(shape, target)
     if shape.kind == "attention":
-        e = max(shape.head_dim, 1)
-        q = max(1, min(16, shape.q_len))
-        # per task in L1: q tile (q*e), transposed K tile (e*kv), score tile (q*kv), accumulator (q*e)
-        floats = target.l1d_bytes // 4
+        # q: four 6-row register tiles. kv: each row pays a fixed softmax cost per key tile (its
+        # rescale exp, two reductions, the accumulator rescale), so wide key tiles amortize it; the
+        # products stream K^T and V in 16-key / 16-column strips, so the whole K^T tile need not
+        # sit in L1. Against the L1-sized 16 x 64 tiles used before (Zen 3, 2 threads, one
+        # process, calls interleaved), 24 x 128 took 0.95x (causal 4 x 8 x 256 x 64), 0.88x and
+        # 0.87x (1 and 8 x 12 x 128 x 64) and 0.92x (causal 1 x 32 x 128 x 64); 24 x 96 and
+        # 16 x 128 were in between.
+        q = max(1, min(ATTENTION_Q_TILE, shape.q_len))
         step = 2 * vec  # the register tiles cover two vectors of keys
-        kv = (floats - 2 * q * e) // (e + q) // step * step
-        kv = max(step, min(256, kv, -(-max(shape.kv_len, 1) // step) * step))
+        kv = max(step, min(ATTENTION_KV_TILE // step * step, -(-max(shape.kv_len, 1) // step) * step))
         threads = _threads_for(est, shape.outer, target)
         return CpuSchedule("attention", threads=threads, vector=vec, q_tile=q, kv_tile=kv)
     if shape.kind == "reduction":
