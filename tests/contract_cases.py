@@ -331,6 +331,38 @@ def check_parameters_seen(backend: str, freeze: bool) -> None:
         torch.testing.assert_close(c(x), lin(x))
 
 
+def check_inference_mode(backend: str, freeze: bool, pack_weights: bool) -> None:
+    """Under torch.inference_mode(): a module built there (its state inference tensors, which keep
+    no version counter) and one built outside both compile and run, and an in-place change made
+    inside inference mode is seen even by a frozen, weight-packing program."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(24, 16)
+            self.register_buffer("scale", torch.rand(16))
+
+        def forward(self, x):
+            return self.lin(x) * self.scale + torch.arange(16.0)
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 24)
+    options = {"pack_weights": True} if pack_weights else {}
+    for built_inside in (False, True):
+        if built_inside:
+            with torch.inference_mode():
+                m = Scaled()
+        else:
+            m = Scaled()
+        c = novaforge.compile(m, backend=backend, freeze=freeze, **options)
+        with torch.inference_mode():
+            torch.testing.assert_close(c(x), m(x))
+            if built_inside:  # (outside inference mode, a parameter cannot be changed in place there)
+                m.lin.weight.mul_(2.0)
+                m.scale.add_(1.0)
+                torch.testing.assert_close(c(x), m(x))
+
+
 def check_dtype_errors(backend: str) -> None:
     lin = torch.nn.Linear(5, 3)
     c = novaforge.compile(lin, backend=backend)

@@ -13,6 +13,7 @@ from contract_cases import (
     check_dtype_errors,
     check_expanded_input_mutation,
     check_index_error,
+    check_inference_mode,
     check_input_mutation,
     check_inputs_sharing_memory,
     check_integer_pow,
@@ -49,6 +50,12 @@ def test_inputs_mutated_as_eager(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reassigned_and_updated_parameters_are_seen(backend, freeze):
     check_parameters_seen(backend, freeze)
+
+
+@pytest.mark.parametrize("freeze,pack_weights", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inference_mode(backend, freeze, pack_weights):
+    check_inference_mode(backend, freeze, pack_weights)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 
 from ..ir import Graph
 from ..ir.ops.random import random_mode
+from ..runtime.state import freezable
 from .lower import InputSpec, UnsupportedError, lower_fx
 
 
@@ -250,7 +251,7 @@ def _capture(module: Any, args: tuple, kwargs: dict | None, *, freeze: bool, mod
                 t = ep.state_dict.get(s.target, ep.constants.get(s.target))
             if t is None:
                 raise CaptureError(f"cannot find {s.kind.name.lower()} {s.target}")
-            if freeze:
+            if freeze and freezable(t):
                 specs.append(InputSpec("const", s.target, t.detach()))
                 frozen.append(t)
             else:

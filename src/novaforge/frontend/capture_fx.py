@@ -31,6 +31,7 @@ import torch
 import torch.utils._python_dispatch
 
 from ..ir.ops.random import RngReplay, counter_mode, is_random_target, rng_replay
+from ..runtime.state import freezable
 from . import pytrees
 from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
@@ -528,7 +529,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         if j < n_p + n_b:
             name = pnames[j] if j < n_p else bnames[j - n_p]
             t = params[name] if j < n_p else buffers[name]
-            if freeze:
+            if freeze and freezable(t):
                 specs.append(InputSpec("const", name, t.detach()))
                 frozen.append(t)
             else:

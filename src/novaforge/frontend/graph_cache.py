@@ -11,7 +11,8 @@ The key is a sha256 over everything the traced code can depend on:
 * the module tree: every submodule's path, class, training flag and hooks; the source of every
   class in its MRO (the whole defining file, so helpers beside a class count); its non-tensor
   attributes by value (configs as their JSON); plain tensor attributes by content;
-* parameters and buffers: names, shapes, dtypes, devices, requires_grad and which are tied;
+* parameters and buffers: names, shapes, dtypes, devices, requires_grad, which are tied and
+  which are inference tensors;
 * the input signature: tensor shapes, dtypes, devices, strides, requires_grad and the
   structure and values of the non-tensor arguments.
 Parameter and buffer *values* are not in the key: frozen ones are referenced by name and read
@@ -173,7 +174,9 @@ def _module_parts(mod: torch.nn.Module) -> list[str]:
             ident = (t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t), t.storage_offset(),
                      tuple(t.shape), tuple(t.stride()))
             tied = first.setdefault(ident, n)
-            parts.append(f"{kind} {n} {list(t.shape)} {t.dtype} {t.device} {t.requires_grad} tied={tied}")
+            # an inference tensor is never frozen (runtime/state.py `freezable`): its graph differs
+            inference = " inference" if t.is_inference() else ""
+            parts.append(f"{kind} {n} {list(t.shape)} {t.dtype} {t.device} {t.requires_grad} tied={tied}{inference}")
     return parts
 
 

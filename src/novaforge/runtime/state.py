@@ -8,7 +8,9 @@ constants baked in at compile time). Eager reads `module.weight` at every call, 
   when its layout (shape, strides, dtype, device) is the one the program was built for, and
   otherwise the call recompiles; a frozen program always recompiles;
 * a frozen tensor changed in place (its `_version` moves) or given new storage (`p.data = t`)
-  recompiles;
+  recompiles (module tensors made under `torch.inference_mode()` keep no version counter, so
+  `freezable` leaves them unfrozen; a program-made inference constant is checked for identity
+  and storage only);
 * unfrozen tensors changed in place need nothing: their memory is read at every call, but
   their layout is checked, since `p.data = t` can change it.
 
@@ -66,11 +68,11 @@ class StateBinding:
         for name, t in frozen:
             site = _owner(module, name) if is_module and name else None
             d, leaf = site if site is not None else (None, "")
-            self._frozen.append((d, leaf, t, t._version, _data_ptr(t)))
+            self._frozen.append((d, leaf, t, version_of(t), _data_ptr(t)))
 
     def refresh(self) -> bool:
         for d, leaf, t, version, ptr in self._frozen:
-            if (d is not None and d.get(leaf) is not t) or t._version != version or _data_ptr(t) != ptr:
+            if (d is not None and d.get(leaf) is not t) or version_of(t) != version or _data_ptr(t) != ptr:
                 return False
         refs = self.refs
         for d, leaf, i, layout in self._sites:
@@ -82,6 +84,19 @@ class StateBinding:
             elif refs[i].shape != layout[0] or refs[i].stride() != layout[1] or refs[i].dtype != layout[2]:
                 return False
         return True
+
+
+def version_of(t: torch.Tensor) -> int:
+    """t's in-place version counter; -1 for an inference tensor, which has none (reading
+    `_version` raises there)."""
+    return -1 if t.is_inference() else t._version
+
+
+def freezable(t: torch.Tensor) -> bool:
+    """Whether `freeze=True` may bake module tensor t into a program (packed, folded): not an
+    inference tensor, since inside `torch.inference_mode()` it can be changed in place with no
+    version counter to reveal it. Those are bound like unfrozen parameters, read at every call."""
+    return not t.is_inference()
 
 
 def _data_ptr(t: torch.Tensor) -> int:

@@ -36,6 +36,7 @@ from ...ir.views import view_roots
 from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
+from ...runtime.state import version_of
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..registry import sources_digest
 from .analysis import Unsupported
@@ -437,7 +438,7 @@ class _Layout:
             view = t.as_strided(op.layout.shape, op.layout.strides, t.storage_offset() + op.layout.offset)
             K, N = view.shape
             # programs of the same model (other input shapes) share packed weights while they live
-            shared_key = (view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype, t._version,
+            shared_key = (view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype, version_of(t),
                           ops.lib().nf_sgemm_nr())
             data = _SHARED_PACKED.get(shared_key)
             if data is None:
