@@ -391,9 +391,9 @@ def test_dropout_training_draws_eagers_masks():
 
 
 def test_compile_step_adamw_param_groups_with_their_own_betas_and_steps():
-    """Adam(W)'s step-dependent scalars are computed for all parameters of one betas group at once
-    (training._adam_scalars): groups with other betas and weight decay, and a parameter whose
-    step is float64 (computed on its own), each get their own, as in eager."""
+    """Adam(W)'s step-dependent scalars come from each parameter's own step and its group's betas:
+    groups with other betas and weight decay, and a parameter whose step is float64, each get
+    their own, as in eager."""
     a, b = _pair()
 
     def groups(m):
@@ -416,3 +416,65 @@ def test_compile_step_adamw_param_groups_with_their_own_betas_and_steps():
         torch.testing.assert_close(p, q, atol=2e-4, rtol=1e-4)
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert float(oa.state[p]["step"]) == float(ob.state[q]["step"]) == 7.0
+
+
+def test_compile_step_groups_with_their_own_learning_rates_a_scheduler_and_step_hooks():
+    """Parameter groups with different learning rates (fine-tuning's usual head / backbone split),
+    each decayed by a scheduler: the rates are one run-time input (no recompile); an updating call
+    runs the optimizer's step post-hooks and sets the flag LR schedulers check (no "scheduler
+    before optimizer" warning), as `optimizer.step()` does; a pre-hook is refused."""
+    import warnings
+
+    a, b = _pair()
+
+    def groups(m):
+        ps = list(m.parameters())
+        return [{"params": ps[:4], "lr": 1e-2}, {"params": ps[4:], "lr": 1e-3, "weight_decay": 0.0}]
+
+    oa, ob = torch.optim.AdamW(groups(a), lr=5e-3), torch.optim.AdamW(groups(b), lr=5e-3)
+    sa, sb = (torch.optim.lr_scheduler.LambdaLR(o, [lambda i: 0.5 ** i, lambda i: 1.0 + i]) for o in (oa, ob))
+    seen = []
+    oa.register_step_post_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    step = novaforge.compile_step(a, oa)
+    batches = _batches()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*lr_scheduler.step.*")
+        for i in range(5):
+            x, y = batches[i % len(batches)]
+            got, want = step(x, y).item(), _eager_step(b, ob, x, y)
+            sa.step()
+            sb.step()
+            assert abs(got - want) <= 1e-4 * abs(want), (i, got, want)
+    assert step.compilations == 1
+    assert seen == [1e-2 * 0.5 ** i for i in range(5)]
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=2e-4, rtol=1e-4)
+    oa.register_step_pre_hook(lambda opt, args, kwargs: None)
+    with pytest.raises(NotImplementedError, match="pre-hooks"):
+        step(*batches[0])
+
+
+@pytest.mark.parametrize("variant", ["use_cache=False", "gradient checkpointing"])
+def test_compiled_transformers_model_trains_without_a_cache(variant):
+    """novaforge.compile(model) on a transformers GPT-2 that trains without a KV cache (its config's
+    use_cache=False, or gradient checkpointing, which turns the cache off): transformers then checks
+    position_ids for packed sequences, a data-dependent branch it skips only when told a compiler
+    traces. The first call's AOTAutograd trace says so; gradients and losses match eager."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=variant != "use_cache=False")
+    a = transformers.GPT2LMHeadModel(cfg).train()
+    b = copy.deepcopy(a)
+    if variant == "gradient checkpointing":
+        a.gradient_checkpointing_enable()
+        b.gradient_checkpointing_enable()
+    compiled = novaforge.compile(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    x = torch.randint(0, 128, (2, 16))
+    for _ in range(2):
+        got, grads = _compiled_step(lambda ids, labels: compiled(input_ids=ids, labels=labels).loss, a, oa, x, x)
+        want = _eager_step(lambda ids, labels: b(input_ids=ids, labels=labels).loss, ob, x, x)
+        assert abs(got - want) <= 1e-5 * abs(want)
+        for g, q in zip(grads, b.parameters(), strict=True):
+            torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-4)

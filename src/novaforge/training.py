@@ -18,8 +18,11 @@ Two entry points:
   whole step is one program. Parameters, optimizer state (`exp_avg`, `exp_avg_sq`, `step`,
   `momentum_buffer`) and buffers are graph inputs updated in place at the boundary; the
   optimizer's `state_dict()` stays valid both ways (state is created eagerly in torch's own
-  format and loaded states are used as they are). The learning rate is a run-time input (an LR
-  scheduler needs no recompile); other hyperparameters are part of the program's guard.
+  format and loaded states are used as they are). The learning rates (one per parameter group)
+  are a run-time input (an LR scheduler needs no recompile); other hyperparameters are part of
+  the program's guard. Like `optimizer.step()`, an updating call runs the optimizer's step
+  post-hooks and sets the flag LR schedulers check; step pre-hooks are refused (they may change
+  gradients the program keeps to itself).
   Gradient accumulation (`accumulate=k`): k-1 calls add into gradient buffers, the k-th also
   updates and clears them.
 
@@ -38,6 +41,7 @@ import torch
 
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module
+from .frontend.capture_fx import tracing_flags
 from .frontend.lower import COMPOSITES
 from .gc_pause import paused_gc
 
@@ -90,7 +94,7 @@ class TrainEntry:
         params = [p for _, p in self.module.named_parameters()]
         buffers = [b for _, b in self.module.named_buffers()]
         if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
-            with TRACING_LOCK, self._lock, paused_gc():
+            with TRACING_LOCK, self._lock, paused_gc(), tracing_flags():
                 outs = self.compiled(params, buffers, *tensors)
         else:
             with self._lock:
@@ -104,11 +108,23 @@ class TrainEntry:
 OPTIMIZERS = ("AdamW", "Adam", "SGD")
 
 
-def _group_of(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, Any]:
-    for g in optimizer.param_groups:
+def _group_index(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:
+    for i, g in enumerate(optimizer.param_groups):
         if any(q is p for q in g["params"]):
-            return g
+            return i
     raise ValueError("a trainable parameter of the model is not in the optimizer")
+
+
+def _group_of(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, Any]:
+    return optimizer.param_groups[_group_index(optimizer, p)]
+
+
+def _step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]:
+    """The optimizer's step pre- and post-hooks, global ones first (torch's order)."""
+    from torch.optim import optimizer as torch_optimizer
+    pre = [*torch_optimizer._global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()]
+    post = [*torch_optimizer._global_optimizer_post_hooks.values(), *optimizer._optimizer_step_post_hooks.values()]
+    return pre, post
 
 
 def _hyper(kind: str, group: dict[str, Any]) -> tuple:
@@ -230,13 +246,14 @@ class CompiledStep:
 
     # the traced function: everything the step reads is an argument, everything it writes is
     # updated in place (and so becomes a write-back at the boundary)
-    def _step_fn(self, names: list[str], hypers: list[tuple], update: bool, n_state: list[int]):
+    def _step_fn(self, names: list[str], hypers: list[tuple], group_ids: list[int], update: bool,
+                 n_state: list[int]):
         model, loss_fn, kind, clip = self.model, self.loss_fn, self.kind, self.clip
         shadow = shadow_module(model)
         accumulate = self.accumulate
 
         def step(params: list[torch.Tensor], states: list[torch.Tensor], grad_bufs: list[torch.Tensor],
-                 lr: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+                 lrs: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
             with torch.enable_grad():
                 leaves = [p.detach().requires_grad_(True) for p in params]  # the params are inputs
                 state = dict(zip(names, leaves, strict=True))
@@ -257,8 +274,8 @@ class CompiledStep:
                     grads = [g * coef for g in grads]
                 it = iter(states)
                 olds = [[next(it) for _ in range(n)] for n in n_state]
-                for p, g, h, old in zip(params, grads, hypers, olds, strict=True):
-                    new_p, new_state = _update(kind, h, p, g, old, lr)
+                for p, g, h, gi, old in zip(params, grads, hypers, group_ids, olds, strict=True):
+                    new_p, new_state = _update(kind, h, p, g, old, lrs[gi])
                     p.copy_(new_p)
                     for dst, src in zip(old, new_state, strict=True):
                         dst.copy_(src)
@@ -266,7 +283,7 @@ class CompiledStep:
                     b.copy_(torch.zeros_like(b))  # a final copy_, like every write of the step
             return loss.detach()
 
-        # called with every tensor positional (parameters, state, gradient buffers, lr, then the user's
+        # called with every tensor positional (parameters, state, gradient buffers, the groups' lrs, then the user's
         # arguments): a call of plain tensors binds without pytree work (api.CompiledModule.__call__)
         n_p, n_s = len(names), sum(n_state)
         n_g = n_p if accumulate > 1 else 0
@@ -285,26 +302,33 @@ class CompiledStep:
             named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
             names = [n for n, _ in named]
             params = [p for _, p in named]
-            groups = [_group_of(self.optimizer, p) for p in params]
-            hypers = [_hyper(self.kind, g) for g in groups]
-            lrs = {g["lr"] for g in groups}
-            if len(lrs) != 1:
-                raise NotImplementedError("compile_step: parameter groups with different learning rates")
-            lr = torch.tensor(float(next(iter(lrs))), dtype=torch.float32)
-            states = _ensure_state(self.optimizer, self.kind, params)
+            opt = self.optimizer
+            group_ids = [_group_index(opt, p) for p in params]
+            hypers = [_hyper(self.kind, opt.param_groups[i]) for i in group_ids]
+            # one learning rate per parameter group, a run-time input: schedulers need no recompile
+            lrs = torch.tensor([float(g["lr"]) for g in opt.param_groups], dtype=torch.float32)
+            states = _ensure_state(opt, self.kind, params)
             self.calls += 1
             update = self.calls % self.accumulate == 0
+            pre_hooks, post_hooks = _step_hooks(opt)
+            if update and pre_hooks:
+                raise NotImplementedError("compile_step: the optimizer has step pre-hooks (they could change the "
+                                          "gradients, which live inside the compiled step); step it in eager")
             if self.accumulate > 1 and self._grad_bufs is None:
                 self._grad_bufs = [torch.zeros_like(p) for p in params]
-            key = (tuple(names), tuple(hypers), update)
+            key = (tuple(names), tuple(hypers), tuple(group_ids), update)
             fn = self._compiled.get(key)
             if fn is None:
-                step = self._step_fn(names, hypers, update, [len(s) for s in states])
+                step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states])
                 fn = novaforge.compile(step, backend=self.backend, **self.options)
                 self._compiled[key] = fn
             flat_states = [t for s in states for t in s]
             with torch.no_grad():  # the program computes the gradients itself
-                loss = fn(*params, *flat_states, *(self._grad_bufs or []), lr, *args, **kwargs)
+                loss = fn(*params, *flat_states, *(self._grad_bufs or []), lrs, *args, **kwargs)
+            if update:  # what eager's optimizer.step() also does: post-hooks, and the flag LR schedulers check
+                opt._opt_called = True  # type: ignore[attr-defined]
+                for hook in post_hooks:
+                    hook(opt, (), {})
             return loss
 
     @property

@@ -38,7 +38,7 @@ from .lower import InputSpec, UnsupportedError, lower_fx
 
 
 @contextlib.contextmanager
-def _tracing_flags():
+def tracing_flags():
     """Tell libraries that a compiler is tracing (torch.compiler.is_compiling() and
     is_exporting() are True, as under torch.export), so they take their trace-friendly paths
     (e.g. transformers skips data-dependent mask checks)."""
@@ -406,7 +406,7 @@ def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any) -> torch.fx.Grap
     """make_fx of fn on fake tensors, with novaforge's decompositions, under `context`."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with torch.no_grad(), _tracing_flags(), context:
+    with torch.no_grad(), tracing_flags(), context:
         return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
                        decomposition_table=_decompositions())(*args)
 
