@@ -50,6 +50,10 @@ OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=3e-3),
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4),
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+    "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    # maximize negates the gradient (a model whose output is a reward); a few steps keep the loss finite
+    "adamw_maximize": lambda ps: torch.optim.AdamW(ps, lr=1e-3, maximize=True),
+    "sgd_maximize": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.5, maximize=True),
 }
 
 

@@ -13,8 +13,8 @@ Two entry points:
   (BatchNorm statistics) are written back.
 * `compile_step(model, optimizer, loss_fn)`: forward, loss, backward (traced through
   `torch.autograd.grad`), gradient clipping by global norm and the optimizer update (AdamW,
-  Adam, SGD with momentum and weight decay) as ONE graph, so the passes optimize forward,
-  backward and update together (common subexpressions, fusion across the boundary) and the
+  Adam, SGD with momentum, Nesterov and weight decay; `maximize`) as ONE graph, so the passes
+  optimize forward, backward and update together (common subexpressions, fusion across the boundary) and the
   whole step is one program. Parameters, optimizer state (`exp_avg`, `exp_avg_sq`, `step`,
   `momentum_buffer`) and buffers are graph inputs updated in place at the boundary; the
   optimizer's `state_dict()` stays valid both ways (state is created eagerly in torch's own
@@ -130,13 +130,13 @@ def _step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]
 def _hyper(kind: str, group: dict[str, Any]) -> tuple:
     """The hyperparameters a compiled update bakes in (lr is a run-time input)."""
     if kind in ("AdamW", "Adam"):
-        for flag in ("amsgrad", "maximize"):
-            if group.get(flag):
-                raise NotImplementedError(f"compile_step: {kind}({flag}=True) is not supported yet")
-        return (kind, tuple(group["betas"]), group["eps"], group["weight_decay"])
-    if group.get("nesterov") or group.get("maximize") or group.get("dampening", 0) != 0:
-        raise NotImplementedError("compile_step: SGD with nesterov, maximize or dampening is not supported yet")
-    return (kind, group.get("momentum", 0.0), group.get("weight_decay", 0.0))
+        if group.get("amsgrad"):
+            raise NotImplementedError(f"compile_step: {kind}(amsgrad=True) is not supported yet")
+        return (kind, tuple(group["betas"]), group["eps"], group["weight_decay"], bool(group.get("maximize")))
+    if group.get("dampening", 0) != 0:
+        raise NotImplementedError("compile_step: SGD with dampening is not supported yet")
+    return (kind, group.get("momentum", 0.0), group.get("weight_decay", 0.0), bool(group.get("nesterov")),
+            bool(group.get("maximize")))
 
 
 def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -208,19 +208,23 @@ def _update(kind: str, hyper: tuple, p: torch.Tensor, g: torch.Tensor, state: li
     """One parameter's update as new values (parameter, state): torch.optim's single-tensor
     formulas, in their order (traced functionally: autograd.grad cannot be functionalized)."""
     if kind in ("AdamW", "Adam"):
-        _, (beta1, beta2), eps, wd = hyper
+        _, (beta1, beta2), eps, wd, maximize = hyper
         step, exp_avg, exp_avg_sq = state
+        if maximize:
+            g = -g
         p, exp_avg, exp_avg_sq, step = adam_update(p, g, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd,
                                                    kind == "AdamW")
         return p, [step, exp_avg, exp_avg_sq]
-    _, momentum, wd = hyper
+    _, momentum, wd, nesterov, maximize = hyper
+    if maximize:
+        g = -g
     if wd:
         g = g + wd * p
     new_state = []
     if momentum:
         buf = state[0] * momentum + g  # the buffer starts at zero: the first step gives g, as torch's clone
         new_state = [buf]
-        g = buf
+        g = g + momentum * buf if nesterov else buf
     return p - lr * g, new_state
 
 
