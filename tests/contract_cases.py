@@ -363,6 +363,41 @@ def check_inference_mode(backend: str, freeze: bool, pack_weights: bool) -> None
                 torch.testing.assert_close(c(x), m(x))
 
 
+def check_copies(backend: str, freeze: bool) -> None:
+    """copy.deepcopy of a compiled module (an EMA or teacher copy) and torch.save / torch.load of
+    one: the copy owns its own parameters (changing the original's is not seen by the copy, nor
+    the reverse), computes like eager, and trains (gradients land on its own parameters)."""
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 12)
+    c = novaforge.compile(m, backend=backend, freeze=freeze)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x))
+    buf = io.BytesIO()
+    torch.save(c, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(c), torch.load(buf, weights_only=False)):
+        twin_module = twin.fn
+        assert all(p is not q for p, q in zip(m.parameters(), twin_module.parameters(), strict=True))
+        with torch.no_grad():
+            torch.testing.assert_close(twin(x), m(x))
+            m[0].weight.mul_(2.0)  # the original changes; the copy keeps its own weights
+            torch.testing.assert_close(twin(x), twin_module(x))
+            torch.testing.assert_close(c(x), m(x))
+            m[0].weight.div_(2.0)
+        if not freeze:
+            twin(x).square().sum().backward()
+            assert all(p.grad is None for p in m.parameters())
+            ref = copy.deepcopy(twin_module)
+            ref.zero_grad()
+            ref(x).square().sum().backward()
+            for p, q in zip(twin_module.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad)
+
+
 def check_dtype_errors(backend: str) -> None:
     lin = torch.nn.Linear(5, 3)
     c = novaforge.compile(lin, backend=backend)

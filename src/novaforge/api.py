@@ -86,6 +86,7 @@ class CompiledModule:
         self.fn = fn
         self.freeze = freeze
         self.options = Options.of(options)  # validated: an unknown option raises here
+        self._dynamic_arg = dynamic
         self.dynamic = SymbolicCaptures(fn, dynamic, freeze, self.options.random) if dynamic else None
         self.backend = backend
         self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
@@ -97,6 +98,17 @@ class CompiledModule:
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
         self.last_stats: CompileStats | None = None
+
+    # copy.deepcopy (an EMA or teacher copy of a compiled model) and pickling carry what was
+    # compiled and how, not the programs, locks and caches: a copy compiles on its first call
+    # (from the kernel cache), for its own parameters
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fn": self.fn, "freeze": self.freeze, "backend": self.backend, "options": self.options,
+                "dynamic": self._dynamic_arg}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["fn"], freeze=state["freeze"], backend=state["backend"], options=state["options"],
+                      dynamic=state["dynamic"])
 
     # nn.Module conveniences
     def __getattr__(self, name: str) -> Any:

@@ -10,6 +10,7 @@ from contract_cases import (
     check_concurrent_first_calls,
     check_constant_output_not_shared,
     check_contiguous_view_of_a_transposed_result,
+    check_copies,
     check_dtype_errors,
     check_expanded_input_mutation,
     check_index_error,
@@ -50,6 +51,12 @@ def test_inputs_mutated_as_eager(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reassigned_and_updated_parameters_are_seen(backend, freeze):
     check_parameters_seen(backend, freeze)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deepcopy_and_pickle_of_a_compiled_module(backend, freeze):
+    check_copies(backend, freeze)
 
 
 @pytest.mark.parametrize("freeze,pack_weights", [(False, False), (True, False), (True, True)])
