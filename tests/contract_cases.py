@@ -480,13 +480,31 @@ def check_integer_pow(backend: str) -> None:
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+def _looked_up_and_gathered(ids, table, cols):
+    rows = torch.nn.functional.embedding(ids, table) * 2
+    return rows, torch.gather(table, 1, cols)
+
+
 def check_index_error(backend: str) -> None:
+    """An out-of-range index raises IndexError, as eager does; on the CPU backend the message
+    names the ATen op and the user's source line (the generated kernels check their indices)."""
     e = torch.nn.Embedding(10, 4)
     ids = torch.tensor([[1, 12]])
     with pytest.raises(IndexError):
         e(ids)
     with pytest.raises(IndexError):
         novaforge.compile(e, backend=backend)(ids)
+    table, ok, cols = torch.randn(10, 4), torch.tensor([[1, 9]]), torch.tensor([[0, 3], [1, 2]])
+    c = novaforge.compile(_looked_up_and_gathered, backend=backend)
+    torch.testing.assert_close(c(ok, table, cols), _looked_up_and_gathered(ok, table, cols))
+    line = "contract_cases.py:" if backend == "cpu" else ""
+    # eager raises IndexError for the embedding, RuntimeError for gather: so does the compiled call
+    for bad_ids, bad_cols, op, kind in ((ids, cols, "aten.embedding", IndexError),
+                                        (ok, torch.tensor([[0, 4], [1, 2]]), "aten.gather", RuntimeError)):
+        with pytest.raises(kind):
+            _looked_up_and_gathered(bad_ids, table, bad_cols)
+        with pytest.raises(kind, match=f"{op}.*{line}" if line else "out of"):
+            c(bad_ids, table, bad_cols)
 
 
 def check_mutation_from_another_mutated_input(backend: str) -> None:

@@ -46,8 +46,10 @@ from .interpret import prepare, storage_relative
 from .state import storage_ptr
 
 
-class KernelIndexError(IndexError):
-    pass
+class KernelIndexError(IndexError, RuntimeError):
+    """A generated kernel met an index out of range. Eager raises IndexError for some ops
+    (embedding) and RuntimeError for others (gather, scatter_add): this is both, so a caller
+    catching what eager raises catches it."""
 
 
 class SlotKind(StrEnum):
@@ -99,6 +101,7 @@ class StepSpec:
     outs: list[int] = field(default_factory=list)  # torch: output slots
     label: str = ""
     kernel: int = -1  # the kernel's ordinal among the graph's kernel nodes (profiling)
+    sites: list[str] = field(default_factory=list)  # seg: per launch, the indexing ops and source lines it runs
 
     def __post_init__(self) -> None:
         self.kind = StepKind(self.kind)
@@ -409,12 +412,13 @@ class CpuProgram:
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             ptrs = ctypes.cast(self._ptrs, ctypes.c_void_p)
             sizes = ctypes.cast(self._sizes, ctypes.c_void_p)
-            label = st.label
+            label, sites = st.label, st.sites
 
             def run_seg() -> None:
                 rc = fn(ptrs, sizes)
-                if rc:
-                    raise KernelIndexError(f"index out of range in a generated gather ({label})")
+                if rc:  # the failing launch's position + 1
+                    where = sites[rc - 1] if 0 < rc <= len(sites) else f"a generated kernel ({label})"
+                    raise KernelIndexError(f"index out of range in {where}")
 
             return run_seg
         fixed = all(self.slots[s].kind in ("const", "arena", "scratch") for s, _ in st.operands)

@@ -116,6 +116,7 @@ class CpuBackend:
         segments: list[tuple[str, list[tuple[str, list[int]]]]] = []
         gens: dict[str, GenKernel] = {}
         current: list[tuple[str, list[int]]] = []
+        current_sites: list[str] = []  # per launch of `current`: what an out-of-range index there names
         counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
         use_packing = options.pack_weights
         profile = options.profile
@@ -127,12 +128,17 @@ class CpuBackend:
         kernel_slots: list[tuple[list[int], list[int]]] = []  # per kernel ordinal: input and output slots
 
         def flush(kernel: int = -1) -> None:
-            nonlocal current
+            nonlocal current, current_sites
             if current:
                 name = f"nf_seg_{len(segments)}"
                 segments.append((name, current))
-                steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3]), kernel=kernel))
-                current = []
+                steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3]), kernel=kernel,
+                                      sites=current_sites))
+                current, current_sites = [], []
+
+        def launch(fn: str, args: list[int]) -> None:
+            current.append((fn, args))
+            current_sites.append(_index_sites(kernel))
 
         ordinal = -1
         for n in graph.nodes:
@@ -166,7 +172,7 @@ class CpuBackend:
                 if gp.pack is not None:
                     args.append(layout.packed(n.inputs[gp.pack.buf], gp.pack))
                 gens[plan.gen.fn] = plan.gen
-                current.append((plan.gen.fn, args))
+                launch(plan.gen.fn, args)
                 launch_labels.append(kernel.name)
                 launch_kernels.append(ordinal)
                 counts["generated"] += 1
@@ -174,7 +180,7 @@ class CpuBackend:
             elif plan.kind == "gen":
                 assert plan.gen is not None
                 gens[plan.gen.fn] = plan.gen
-                current.append((plan.gen.fn, ins + outs))
+                launch(plan.gen.fn, ins + outs)
                 launch_labels.append(kernel.name)
                 launch_kernels.append(ordinal)
                 counts["generated"] += 1
@@ -188,7 +194,7 @@ class CpuBackend:
                     dst = layout.scratch(plan.anchor_type)
                 if plan.anchor_gen is not None:
                     gens[plan.anchor_gen.fn] = plan.anchor_gen
-                    current.append((plan.anchor_gen.fn, [dst] + ins + outs))
+                    launch(plan.anchor_gen.fn, [dst] + ins + outs)
                     launch_labels.append(kernel.name)
                     launch_kernels.append(ordinal)
                     counts["generated"] += 1
@@ -202,7 +208,7 @@ class CpuBackend:
                     counts["library"] += 1
                 if plan.gen is not None:
                     gens[plan.gen.fn] = plan.gen
-                    current.append((plan.gen.fn, [dst] + ins + outs))
+                    launch(plan.gen.fn, [dst] + ins + outs)
                     launch_labels.append(kernel.name + " (epilogue)")
                     launch_kernels.append(ordinal)
                     counts["generated"] += 1
@@ -300,13 +306,13 @@ def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, 
     for name, calls in segments:
         lines.append(f"{EXPORT} int {name}(void** s, const int64_t* nf_sym) {{")
         lines.append("  int rc;")
-        for fn, args in calls:
+        for i, (fn, args) in enumerate(calls):  # a failing launch returns its position + 1 (StepSpec.sites)
             call = f"{fn}({', '.join([f's[{a}]' for a in args] + ['nf_sym'])})"
             if profile:
                 lines.append(f"  {{ double t0 = omp_get_wtime(); rc = {call}; nf_prof[{k}] += omp_get_wtime() - t0; "
-                             "if (rc) return rc; }")
+                             f"if (rc) return {i + 1}; }}")
             else:
-                lines.append(f"  if ((rc = {call})) return rc;")
+                lines.append(f"  if ((rc = {call})) return {i + 1};")
             k += 1
         lines.append("  return 0;")
         lines.append("}")
@@ -607,6 +613,16 @@ def _mark_causal_masks(slots: list[SlotSpec], gens: dict[str, GenKernel],
     for s in mask_uses - other_uses:
         if slots[s].kind == "sized":
             slots[s].causal = True
+
+
+INDEXING_OPS = ("take", "gather", "scatter_add")  # the ops whose generated code checks its indices
+
+
+def _index_sites(kernel: Kernel) -> str:
+    """What an out-of-range index in `kernel` names: each indexing op's ATen op and source line."""
+    sites = [f"{m.meta.get('aten', m.op)} at {m.meta['source']}" if m.meta.get("source") else m.meta.get("aten", m.op)
+             for m in kernel.body.nodes if m.op in INDEXING_OPS]
+    return f"{'; '.join(dict.fromkeys(sites))} (kernel {kernel.name})" if sites else f"kernel {kernel.name}"
 
 
 def _describe_plan(plan) -> str:
