@@ -482,3 +482,27 @@ def test_compiled_transformers_model_trains_without_a_cache(variant):
         assert abs(got - want) <= 1e-5 * abs(want)
         for g, q in zip(grads, b.parameters(), strict=True):
             torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_compiled_module_trains_at_varying_lengths_without_a_build_per_length():
+    """Training with dynamic padding (a new length every batch) through novaforge.compile: two
+    sizes of one input structure get their own forward and backward programs, a third goes to
+    Dynamo with dynamic shapes (`CompiledModule._dynamic_trainer`), which serves every later
+    length; no build per length, and every step's loss and gradients equal eager's."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    a = transformers.GPT2LMHeadModel(cfg).train()
+    b = copy.deepcopy(a)
+    compiled = novaforge.compile(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    for length in (9, 14, 20, 27, 33, 14):
+        x = torch.randint(0, 128, (2, length))
+        got, grads = _compiled_step(lambda ids, labels: compiled(input_ids=ids, labels=labels).loss, a, oa, x, x)
+        want = _eager_step(lambda ids, labels: b(input_ids=ids, labels=labels).loss, ob, x, x)
+        assert abs(got - want) <= 1e-5 * abs(want), length
+        for g, q in zip(grads, b.parameters(), strict=True):
+            torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-4)
+    assert len(compiled._train_entries) == 2 and compiled._trainer is not None
+    assert compiled.compilations == 3

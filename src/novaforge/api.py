@@ -94,6 +94,7 @@ class CompiledModule:
         self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
         self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
+        self._trainer: Any = None  # calls that need gradients at varying sizes (Dynamo, dynamic shapes)
         self._warned_closure = False  # warned once that closure tensors requiring grad run eagerly
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
@@ -128,6 +129,8 @@ class CompiledModule:
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
         key = (spec_key, _signature(tensors), torch.is_grad_enabled())
         if key[2] and self._trains(tensors):
+            if key not in self._train_entries and self._sizes_vary_in_training(key):
+                return self._dynamic_trainer()(*args, **kwargs)
             return self._train_entry(key, args, kwargs).run(tensors, objs)
         entry = self._programs.get(key)
         if entry is None and self.dynamic is None and self.options.tiered:
@@ -276,6 +279,30 @@ class CompiledModule:
                     self._train_entries[key] = entry
                     self.compilations += 1
         return entry
+
+    def _sizes_vary_in_training(self, key: tuple) -> bool:
+        """A call that needs gradients at a third size of one input structure (programs for two
+        other sizes exist), or any size when `dynamic=` was given: training with varying lengths
+        (dynamic padding) must not build a forward and backward per length, so such calls go to
+        `_dynamic_trainer`. Two sizes do not (a last, smaller batch), as in `_maybe_automatic_dynamic`."""
+        if not self.options.tiered:
+            return False
+        same = sum(1 for k in self._train_entries if _same_structure(k, key))
+        return bool(self._dynamic_arg) or same >= AUTOMATIC_DYNAMIC_AFTER
+
+    def _dynamic_trainer(self) -> Any:
+        """`torch.compile(fn, backend="novaforge", dynamic=True)` with this module's options: Dynamo
+        guards each graph's size assumptions and builds symbolic forward and backward programs (one
+        for all sizes its guards admit; docs/dynamic-shapes.md), AOTAutograd differentiates them."""
+        if self._trainer is None:
+            with self._lock:
+                if self._trainer is None:
+                    options = {**self.options, "backend": self.backend}
+                    self._trainer = torch.compile(self.fn, backend="novaforge", dynamic=True, options=options)
+                    self.compilations += 1
+                    _log_runtime.info("training at a new size of one input structure: varying sizes train through "
+                                      "Dynamo with dynamic shapes from now on")
+        return self._trainer
 
     def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
         if not torch.is_grad_enabled():
