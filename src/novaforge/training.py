@@ -108,15 +108,12 @@ class TrainEntry:
 OPTIMIZERS = ("AdamW", "Adam", "SGD")
 
 
-def _group_index(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int:
-    for i, g in enumerate(optimizer.param_groups):
-        if any(q is p for q in g["params"]):
-            return i
-    raise ValueError("a trainable parameter of the model is not in the optimizer")
-
-
-def _group_of(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, Any]:
-    return optimizer.param_groups[_group_index(optimizer, p)]
+def _group_ids(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[int]:
+    """Each parameter's group index in the optimizer (one pass over the groups per step)."""
+    where = {id(q): i for i, g in enumerate(optimizer.param_groups) for q in g["params"]}
+    if any(id(p) not in where for p in params):
+        raise ValueError("a trainable parameter of the model is not in the optimizer")
+    return [where[id(p)] for p in params]
 
 
 def _step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list[Any], list[Any]]:
@@ -139,11 +136,12 @@ def _hyper(kind: str, group: dict[str, Any]) -> tuple:
             bool(group.get("maximize")))
 
 
-def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torch.Tensor],
+                  group_ids: list[int]) -> list[list[torch.Tensor]]:
     """The optimizer's per-parameter state tensors, created in torch's own layout if absent
     (so `state_dict()` round-trips): AdamW/Adam [step, exp_avg, exp_avg_sq], SGD [momentum]."""
     out = []
-    for p in params:
+    for p, gi in zip(params, group_ids, strict=True):
         st = optimizer.state[p]
         if kind in ("AdamW", "Adam"):
             if "step" not in st:
@@ -154,7 +152,7 @@ def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torc
                 st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32)
             out.append([st["step"], st["exp_avg"], st["exp_avg_sq"]])
         else:
-            group = _group_of(optimizer, p)
+            group = optimizer.param_groups[gi]
             if group.get("momentum", 0.0):
                 if st.get("momentum_buffer") is None:
                     st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -307,11 +305,11 @@ class CompiledStep:
             names = [n for n, _ in named]
             params = [p for _, p in named]
             opt = self.optimizer
-            group_ids = [_group_index(opt, p) for p in params]
+            group_ids = _group_ids(opt, params)
             hypers = [_hyper(self.kind, opt.param_groups[i]) for i in group_ids]
             # one learning rate per parameter group, a run-time input: schedulers need no recompile
             lrs = torch.tensor([float(g["lr"]) for g in opt.param_groups], dtype=torch.float32)
-            states = _ensure_state(opt, self.kind, params)
+            states = _ensure_state(opt, self.kind, params, group_ids)
             self.calls += 1
             update = self.calls % self.accumulate == 0
             pre_hooks, post_hooks = _step_hooks(opt)
