@@ -24,7 +24,9 @@ an illegal address poisons a CUDA context for good -- or a hang costs only its g
            peak memory, difference vs eager, novaforge's fallbacks; then GPT2Model in float32/TF32
            (accuracy) and with cuBLAS matmuls (matmul_executor="torch", a comparison point);
  [tma]     the matmul table with the TMA loader (Hopper), in a fresh process (fresh kernels);
- [training] GPT-42M training steps -- a hook (TRAINING below) for the training compiler.
+ [training] (second, after the device group) GPT-42M (bf16 autocast, TF32) and GPT-124M (bf16)
+           training steps, batch 16 x 1024, AdamW: eager, torch.compile, novaforge through
+           torch.compile and novaforge.compile_step (benchmarks/gpu_training.py).
 Every row and part is written to --out/parts/*.json when it completes; --out/gpu_check.json and
 gpu_check.md (the tables; fallbacks to torch are shown as such, never as timings) are rewritten
 after each group. Caches (Triton, Inductor, novaforge) are fresh per group, so compile times are
@@ -61,11 +63,14 @@ MATMULS = [("square1024", 1024, 1024, 1024, "a@b"), ("square2048", 2048, 2048, 2
 DRY_MATMULS = [("odd", 37, 45, 29, "a@b"), ("odd", 37, 45, 29, "a@b.T"), ("square64", 64, 64, 64, "a.T@b")]
 DRY_TMA = DRY_MATMULS[2:]  # 16-byte aligned: the TMA loader applies
 
-GROUPS = [("device", ["device", "probe", "correctness"], 150), ("matmul", ["matmul"], 170),
-          ("model gpt2", ["model gpt2"], 150), ("model llama", ["model llama"], 150),
+GROUPS = [("device", ["device", "probe", "correctness"], 150), ("training", ["training"], 300),
+          ("model gpt2", ["model gpt2"], 150), ("matmul", ["matmul"], 170), ("model llama", ["model llama"], 150),
           ("model gpt2 variants", ["model gpt2 tf32", "model gpt2 cublas matmuls"], 120),
-          ("tma", ["matmul tma"], 110), ("training", ["training"], 150)]
-TRAINING = None  # the training compiler's hook: fn(check) -> dict of steps vs eager / torch.compile
+          ("tma", ["matmul tma"], 110)]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_training  # noqa: E402  (the training part: issue 11's H200 targets)
+
+TRAINING = gpu_training.part_training
 
 
 def groups(dry: bool) -> list[tuple[str, list[str], float]]:
@@ -86,6 +91,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=float, default=470.0, help="seconds after which running workers are killed")
     p.add_argument("--group-timeout", type=float, default=0.0, help="cap on every group's seconds (0: per group)")
     p.add_argument("--parts", default="", help="comma-separated part names to run (default: all)")
+    p.add_argument("--training", default="", help="training cases MODEL:PRECISION,... (default: "
+                   + ",".join(f"{m}:{q}" for m, q in gpu_training.CASES) + ")")
     p.add_argument("--skip-models", action="store_true")
     p.add_argument("--skip-compile", action="store_true", help="do not run torch.compile")
     p.add_argument("--inject-fault", default="", help="tests: comma-separated PART:crash / PART:hang faults")
@@ -400,11 +407,15 @@ def matmul_table(chk: Check, loader: str) -> dict[str, Any]:
                 del out
                 ct = MM_FNS[layout](a, b)
                 row["torch_rel_err"] = rel(ct, ref)
-                del ref
                 row["torch_s"] = chk.time_replay(lambda a=a, b=b, ct=ct, lay=layout:
                                                  torch.matmul(*MM_ARGS[lay](a, b), out=ct))
                 row["nf_tflops"], row["torch_tflops"] = flops / row["nf_s"] / 1e12, flops / row["torch_s"] / 1e12
                 row["speedup"] = row["torch_s"] / row["nf_s"]
+                if kind == "tf32" and "nf_fallback" not in row and not chk.over_budget():  # rounded to nearest
+                    rnd = _time_novaforge(chk, a, b, layout, flops, {"matmul_loader": loader,
+                                                                     "matmul_tf32_round": True})
+                    row["rounded"] = {"tflops": flops / rnd["s"] / 1e12, "rel_err": rel(rnd.pop("out"), ref),
+                                      "fallback": rnd.get("fallback")}
                 other = _other_form(chk, m, n, k, dtype, row)
                 if loader == "pointer" and other and not chk.over_budget():  # test the model's form choice
                     alt = _time_novaforge(chk, a, b, layout, flops, {"matmul_loader": loader,
@@ -413,7 +424,7 @@ def matmul_table(chk: Check, loader: str) -> dict[str, Any]:
                     row["other_form"] = {"schedule": alt.get("schedule"), "tflops": flops / alt["s"] / 1e12,
                                          "predicted_tflops": alt.get("predicted_tflops"),
                                          "fallback": alt.get("fallback")}
-                del a, b, ct
+                del a, b, ct, ref
             except Exception as e:
                 traceback.print_exc()
                 row["error"] = f"{type(e).__name__}: {e}"[:500]
@@ -571,15 +582,6 @@ def run_model(chk: Check, name: str, dtype_name: str = "bf16", runners=("eager",
     return res
 
 
-def part_training(chk: Check) -> dict[str, Any]:
-    # >>> TRAINING HOOK: set TRAINING = fn(chk) -> {"gpt42m bf16": {...}, ...} once the training compiler has
-    # >>> landed: GPT-42M (and GPT-124M) steps, batch 16 x 1024, AdamW, bf16 and TF32, against eager and
-    # >>> torch.compile in this order (tokens/s, peak memory, loss), via the helpers above.
-    if TRAINING is None:
-        return {"skipped": "no training compiler yet (TRAINING hook unset)"}
-    return TRAINING(chk)
-
-
 PARTS = {
     "device": part_device, "probe": part_probe, "correctness": part_correctness,
     "matmul": lambda chk: matmul_table(chk, "pointer"),
@@ -589,7 +591,7 @@ PARTS = {
     "model gpt2 tf32": lambda chk: run_model(chk, "gpt2", "fp32", ("eager", "novaforge"), True),
     "model gpt2 cublas matmuls": lambda chk: run_model(chk, "gpt2", "bf16", ("eager", "novaforge"), False,
                                                        {"matmul_executor": "torch"}),
-    "training": part_training,
+    "training": TRAINING,
 }
 
 
@@ -625,6 +627,14 @@ def _other(o: dict[str, Any] | None) -> str:
     return f"{_fmt(o['tflops'], '.1f')} ({_fmt(o.get('predicted_tflops'), '.0f')}) {o['schedule']}"
 
 
+def _rounded(o: dict[str, Any] | None) -> str:
+    if not o:
+        return ""
+    if o.get("fallback"):
+        return f"; rounded: fallback ({o['fallback'][:60]})"
+    return f"; rounded: {_fmt(o['tflops'], '.1f')} TFLOP/s, err {_fmt(o['rel_err'], '.2e')}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     parts = results["parts"]
     lines = []
@@ -644,7 +654,8 @@ def markdown(results: dict[str, Any]) -> str:
         if not mm or "rows" not in mm:
             continue
         lines += [f"| {key} | layout | dtype | novaforge TFLOP/s | cuBLAS TFLOP/s | speedup | rel err nf | rel err "
-                  "cuBLAS | schedule | predicted TFLOP/s | smem KiB / regs / spills | other form TFLOP/s (predicted) |",
+                  "cuBLAS | schedule | predicted TFLOP/s | smem KiB / regs / spills | other form TFLOP/s (predicted); "
+                  "TF32 rounded to nearest |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mm["rows"]:
             head = f"| {r['shape']} | {r['layout']} | {r['dtype']} |"
@@ -659,7 +670,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_fmt(r.get('nf_rel_err'), '.2e')} | {_fmt(r.get('torch_rel_err'), '.2e')} | "
                          f"{('fallback: ' + fb[:120]) if fb else r.get('nf_schedule', '-')} | "
                          f"{_fmt(r.get('nf_predicted_tflops'), '.0f')} | {res} | "
-                         f"{_other(r.get('other_form'))} |")
+                         f"{_other(r.get('other_form'))}{_rounded(r.get('rounded'))} |")
         for kind, s in mm["summary"].items():
             lines.append(f"| geomean {kind} ({s['generated']} generated, {s['fallbacks']} fallbacks, {s['errors']} "
                          f"errors) | | | | | {_fmt(s['geomean_speedup'], '.3f')} (target "
@@ -692,6 +703,9 @@ def markdown(results: dict[str, Any]) -> str:
                 lines.append(f"| {m['model']} ratios | " + ", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in
                                                                    m["ratios"].items()) + " | | | | | |")
         lines.append("")
+    train = parts.get("training", {}).get("result")
+    if isinstance(train, dict) and "skipped" not in train:
+        lines += gpu_training.markdown(train)
     errors = {k: v.get("error", "")[:160] for k, v in parts.items() if v.get("status") == "error"}
     skipped = [f"{k} ({v['result']['skipped']})" for k, v in parts.items()
                if isinstance(v.get("result"), dict) and "skipped" in v["result"]]
@@ -747,11 +761,6 @@ def main(argv: list[str] | None = None) -> int:
         if not todo:
             continue
         left = args.limit - (time.time() - T0)
-        if gname == "training" and TRAINING is None:
-            for p in todo:
-                write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped",
-                                                               "reason": "no training compiler yet (TRAINING unset)"})
-            continue
         if gname.startswith("model") and _device_result(out).get("transformers", "") is None:
             for p in todo:
                 write_json(out / "parts" / f"{slug(p)}.json", {"name": p, "status": "skipped",
@@ -769,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             env["TRITON_INTERPRET"] = "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", gname, "--t0", str(T0), "--out", str(out),
-               "--budget", str(args.budget), "--parts", ",".join(todo), "--inject-fault", args.inject_fault]
+               "--budget", str(args.budget), "--parts", ",".join(todo), "--inject-fault", args.inject_fault,
+               "--training", args.training]
         cmd += [flag for flag, on in (("--dry-run", args.dry_run), ("--skip-models", args.skip_models),
                                       ("--skip-compile", args.skip_compile)) if on]
         print(f"# group {gname}: {', '.join(todo)} (timeout {timeout:.0f} s, t={time.time() - T0:.0f} s)", flush=True)

@@ -115,3 +115,21 @@ def test_optimizer_step_compiled():
             m(x).pow(2).sum().backward()
             st()
     torch.testing.assert_close(m1.weight, m2.weight, atol=1e-6, rtol=1e-5)
+
+
+def test_importing_novaforge_registers_the_backend_without_installed_metadata(monkeypatch):
+    """A source tree on PYTHONPATH has no entry point: `torch.compile(backend="novaforge")` said
+    "Invalid backend" there (seen on the GPU machine); importing novaforge now registers it."""
+    import importlib.metadata
+
+    from torch._dynamo.backends import registry
+
+    import novaforge
+    from novaforge.frontend.dynamo import novaforge_backend
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    monkeypatch.delitem(registry._BACKENDS, "novaforge", raising=False)
+    monkeypatch.delitem(registry._COMPILER_FNS, "novaforge", raising=False)
+    assert "novaforge" not in registry._BACKENDS
+    novaforge._register_dynamo_backend()
+    assert registry.lookup_backend("novaforge") is novaforge_backend

@@ -21,6 +21,24 @@ __all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", 
            "explain", "report"]
 
 
+def _register_dynamo_backend() -> None:
+    """`torch.compile(backend="novaforge")` finds us by the package's entry point; a source tree on
+    PYTHONPATH (no installed metadata) has none, so importing novaforge registers the backend."""
+    from importlib.metadata import entry_points
+
+    if any(e.name == "novaforge" for e in entry_points(group="torch_dynamo_backends")):
+        return
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "novaforge" not in _BACKENDS:
+        from .frontend.dynamo import novaforge_backend
+
+        register_backend(name="novaforge")(novaforge_backend)
+
+
+_register_dynamo_backend()
+
+
 def explain(model, *args, **kwargs):
     """Compile `model` for these inputs and return a printable report (see report/explain.py)."""
     from .report.explain import explain as _explain

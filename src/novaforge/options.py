@@ -51,12 +51,13 @@ class Options:
     pack_weights: bool = False  # keep packed copies of constant matmul weights
     profile: bool = False  # time every launch
     # -- Triton backend
-    tf32: bool = True
+    tf32: bool | None = None  # None: TF32 unless torch.get_float32_matmul_precision() is "highest" (as eager)
     cuda_graphs: bool = True
     dump_dir: str = ""  # copy generated Triton sources there (also $NOVAFORGE_DEBUG)
     matmul_loader: str = "pointer"
     matmul_executor: str = "triton"
     matmul_persistent: str | bool | None = "auto"  # "auto", "on"/True, "off"/False
+    matmul_tf32_round: bool = False  # TF32 matmuls: round operands to nearest (cvt.rna) before the dot
     parallel_compile: bool = True
     compile_threads: int | None = None  # default: min(16, CPU count)
     max_reduction_block: int | None = None  # test knob: cap a reduction's column block
@@ -88,6 +89,15 @@ class Options:
             if f.type in ("int", "int | None") and v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise TypeError(f"option {f.name}={v!r} must be an int")
         object.__setattr__(self, "pass_fuel", dict(self.pass_fuel or {}))
+
+    def use_tf32(self) -> bool:
+        """Float32 matmuls and attention on TF32 tensor cores: the option, or where it is None,
+        what eager's CUDA matmuls do now (torch.set_float32_matmul_precision "high"/"medium")."""
+        if self.tf32 is not None:
+            return bool(self.tf32)
+        import torch
+
+        return torch.get_float32_matmul_precision() != "highest"
 
     @classmethod
     def names(cls) -> list[str]:

@@ -136,6 +136,13 @@ def _hyper(kind: str, group: dict[str, Any]) -> tuple:
             bool(group.get("maximize")))
 
 
+def _step_device(p: torch.Tensor) -> torch.device:
+    """Where a parameter's step count lives: on the CPU for CPU parameters (torch's default), on
+    the parameter's device otherwise (torch's fused/capturable layout, which its other
+    implementations also accept), so one compiled step reads no tensor of another device."""
+    return torch.device("cpu") if p.device.type == "cpu" else p.device
+
+
 def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torch.Tensor],
                   group_ids: list[int]) -> list[list[torch.Tensor]]:
     """The optimizer's per-parameter state tensors, created in torch's own layout if absent
@@ -145,11 +152,11 @@ def _ensure_state(optimizer: torch.optim.Optimizer, kind: str, params: list[torc
         st = optimizer.state[p]
         if kind in ("AdamW", "Adam"):
             if "step" not in st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["step"] = torch.tensor(0.0, dtype=torch.float32, device=_step_device(p))
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if not isinstance(st["step"], torch.Tensor):
-                st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32)
+            if not isinstance(st["step"], torch.Tensor) or st["step"].device != _step_device(p):
+                st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32, device=_step_device(p))
             out.append([st["step"], st["exp_avg"], st["exp_avg_sq"]])
         else:
             group = optimizer.param_groups[gi]
@@ -308,7 +315,8 @@ class CompiledStep:
             group_ids = _group_ids(opt, params)
             hypers = [_hyper(self.kind, opt.param_groups[i]) for i in group_ids]
             # one learning rate per parameter group, a run-time input: schedulers need no recompile
-            lrs = torch.tensor([float(g["lr"]) for g in opt.param_groups], dtype=torch.float32)
+            lrs = torch.tensor([float(g["lr"]) for g in opt.param_groups], dtype=torch.float32,
+                               device=params[0].device if params else None)
             states = _ensure_state(opt, self.kind, params, group_ids)
             self.calls += 1
             update = self.calls % self.accumulate == 0

@@ -56,3 +56,27 @@ def test_flash_attention_strided_views_and_bf16():
         assert got.dtype == torch.bfloat16 and got.shape == want.shape
         err = ((got.float() - want).norm() / want.norm()).item()
         assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_records_cuda_implementation_matches_the_cpu_one(causal):
+    """`attention_lse` / `attention_backward` on CUDA tensors run novaforge's Triton flash kernels
+    (ir/ops/attention_cuda.py); here the same code on CPU tensors (interpreter) against the
+    records' CPU implementation (ATen's CPU flash): heads-last outputs, [B, H, L] logsumexp, GQA."""
+    from novaforge.ir.ops import OPS
+    from novaforge.ir.ops.attention_cuda import attention_backward_cuda, attention_lse_cuda
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 19, 16), torch.randn(2, 2, 19, 16), torch.randn(2, 2, 19, 16)
+    a = {"scale": 0.3, "causal": causal}
+    out, lse = attention_lse_cuda([q, k, v], a)
+    want_out, want_lse = OPS["attention_lse"].impl([q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)], a)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(want_out.transpose(-3, -2))
+    o = out.transpose(-3, -2)
+    dq, dk, dv = attention_backward_cuda([g, q, k, v, o, lse], a)
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, scale=0.3, enable_gqa=True).backward(g)
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        torch.testing.assert_close(got.transpose(-3, -2), want, atol=1e-4, rtol=1e-4)

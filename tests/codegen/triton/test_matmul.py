@@ -24,8 +24,44 @@ def test_matmul_2d_float32_ieee(shape):
 
 def test_matmul_tf32_error_is_tf32_sized():
     a, b = torch.randn(65, 130), torch.randn(130, 33)
-    c = compiled(torch.matmul)
+    c = compiled(torch.matmul, tf32=True)
     assert rel_err(c(a, b), a.double() @ b.double()) < 5e-4
+
+
+def test_float32_precision_follows_torch_unless_the_option_says():
+    """tf32=None (the default) does what eager's CUDA matmuls do: IEEE float32 under torch's
+    default precision "highest", TF32 under "high"; tf32=True/False decide alone."""
+    a, b = torch.randn(33, 40), torch.randn(24, 40)
+    prev = torch.get_float32_matmul_precision()
+    try:
+        for precision, want in (("highest", "ieee"), ("high", "tf32")):
+            torch.set_float32_matmul_precision(precision)
+            c = compiled(lambda a, b: a @ b.t())
+            c(a, b)
+            assert c.stats().program.kernels[0].schedule.input_precision == want
+        c = compiled(lambda a, b: a @ b.t(), tf32=False)
+        c(a, b)
+        assert c.stats().program.kernels[0].schedule.input_precision == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+@pytest.mark.parametrize("layout", ["a@b", "a.T@b"])
+def test_tf32_operand_not_k_major_runs_on_cublas(layout):
+    """TF32 wgmma reads operands K-major only; Triton's other path ran at 0.25x cuBLAS on the
+    H200. A row-major B or a column-major A (training's dX and dW) goes to a torch step with the
+    reason; a@b.T (a Linear's forward) stays generated."""
+    a = torch.randn(96, 80) if layout == "a@b" else torch.randn(80, 96)
+    b = torch.randn(80, 72)
+    fn = (lambda a, b: a @ b + 1.0) if layout == "a@b" else (lambda a, b: a.t() @ b + 1.0)
+    c = compiled(fn, tf32=True)
+    with torch.no_grad():
+        torch.testing.assert_close(c(a, b), fn(a, b), atol=1e-3, rtol=1e-3)
+    fallbacks = c.stats().program.info()["fallbacks"]
+    assert len(fallbacks) == 1 and "not K-major: cuBLAS" in fallbacks[0]["reason"], fallbacks
+    fast = compiled(lambda a, b: a @ b.t() + 1.0, tf32=True)
+    fast(a if layout == "a@b" else a.t(), b.t().contiguous())
+    assert not fast.stats().program.info()["fallbacks"] and kernel_kinds(fast) == {"matmul": 1}
 
 
 @pytest.mark.parametrize("loader", ["pointer", "tma"])
@@ -132,7 +168,7 @@ def test_tf32_constant_row_major_weight_is_read_k_major():
     parameters are read in place."""
     w = torch.randn(40, 24)
     x = torch.randn(7, 40)
-    c = compiled(lambda x: x @ w + 1.0, freeze=True)
+    c = compiled(lambda x: x @ w + 1.0, freeze=True, tf32=True)
     got = c(x)
     assert rel_err(got, x.double() @ w.double() + 1.0) < 5e-4
     info = c.stats().program.info()
@@ -141,11 +177,11 @@ def test_tf32_constant_row_major_weight_is_read_k_major():
     assert "(rk * 1)[:, None] + (rbn * 40)[None, :]" in src  # B element (k, n) at n * K + k
     lin = torch.nn.Linear(40, 24)
     with torch.no_grad():
-        c2 = compiled(lin, freeze=True)
+        c2 = compiled(lin, freeze=True, tf32=True)
         torch.testing.assert_close(c2(x), lin(x), atol=1e-2, rtol=1e-2)
     assert "transposed_weights" not in c2.stats().program.info()
     wb = w.to(torch.bfloat16)
-    c3 = compiled(lambda x: x @ wb, freeze=True)
+    c3 = compiled(lambda x: x @ wb, freeze=True, tf32=True)
     c3(x.to(torch.bfloat16))
     assert "transposed_weights" not in c3.stats().program.info()
     ieee = compiled(lambda x: x @ w, freeze=True, tf32=False)

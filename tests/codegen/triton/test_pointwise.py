@@ -126,3 +126,18 @@ def test_take_gather_cat_are_generated():
 
     check(lambda x: rotate_half(x) * 2, torch.randn(2, 3, 5, 8))
     check(lambda a, b: torch.cat([a, b, a], dim=0), torch.randn(2, 7), torch.randn(3, 7))
+
+
+def test_generated_kernels_read_no_nan_global():
+    """Triton 3.6 compares a kernel's globals with their compile-time values at every launch, and a
+    NaN constant never equals itself: a `_NAN` global failed every launch on the H200."""
+    import math
+
+    from novaforge.codegen.triton import exprs
+
+    ns: dict = {}
+    exec(exprs.PRELUDE, ns)
+    for name, value in ns.items():
+        value = getattr(value, "value", value)
+        assert not (isinstance(value, float) and math.isnan(value)), name
+    assert "_NAN" not in exprs.PRELUDE + "".join(exprs.HELPERS.values()) + exprs.literal(float("nan"), torch.float32)

@@ -23,7 +23,9 @@ max_reduction_block (tests: cap a reduction's column block, forcing the looped f
 parallel_compile (True: compile all new kernels of a program at build time in compile_threads
 threads; False: one thread), matmul_executor ("triton", or "torch" to run matmul kernels as
 torch.matmul (cuBLAS) plus unfused epilogue ops: a comparison point), matmul_persistent ("auto": the
-configurator decides; "on"/"off" force the form where it exists), and test knobs matmul_tile,
+configurator decides; "on"/"off" force the form where it exists), matmul_tf32_round (round float32
+operands to the nearest TF32 before the dot, as cuBLAS's error suggests it does; a candidate
+measured on the GPU, off by default), and test knobs matmul_tile,
 matmul_programs, matmul_subtile (force the tile, a persistent grid size and epilogue subtiles).
 
 On a GPU, every new kernel is compiled *and loaded* at build (`_precompile`): loading is where
@@ -130,7 +132,7 @@ class TritonBackend:
 
     # -- schedules ----------------------------------------------------------------------------
     def schedule(self, info: BodyInfo, target: sched_gpu.GpuTarget, options: Options) -> Any:
-        tf32 = options.tf32
+        tf32 = options.use_tf32()
         if info.kind == "gather":
             widest = max([t.itemsize for t in info.outputs] or [4])
             return sched_gpu.pointwise_schedule(hint(math.prod(info.space)), 2 * widest, widest, target)
@@ -166,6 +168,8 @@ class TritonBackend:
             if options.matmul_tile:  # a test knob: force (BLOCK_M, BLOCK_N)
                 bm, bn = options.matmul_tile
                 s = dataclasses.replace(s, block_m=bm, block_n=bn, group_m=1, num_warps=4, num_stages=2)
+            if options.matmul_tf32_round and s.input_precision == "tf32" and lay.dtype == torch.float32:
+                s = dataclasses.replace(s, input_precision="tf32rn")  # (measured on the GPU, not yet default)
             if options.matmul_programs:  # a test knob: a persistent grid of this many programs
                 tiles = hint(lay.batch * sched_gpu.cdiv(lay.rows, s.block_m) * sched_gpu.cdiv(lay.n, s.block_n))
                 sub = options.matmul_subtile if options.matmul_subtile is not None else s.subtile
@@ -221,6 +225,24 @@ class TritonBackend:
                 st.kind, st.launch, st.node, st.source = "torch", None, None, None
                 st.reason = f"compile failed: {msg}"
 
+    def _tf32_not_k_major(self, kernel: Kernel, transposed: frozenset[int], options: Options) -> str:
+        """Why a float32 matmul on TF32 runs on cuBLAS (a torch step), or "": an operand that is not
+        K-major (a row-major B [K, N], a column-major A) -- wgmma reads TF32 operands from shared
+        memory K-major only, and Triton's other path measured 0.25x cuBLAS on the H200 (87 against
+        353 TFLOP/s at 4096^3); training's dX and dW GEMMs are all of this kind. Constant weights
+        are transposed at build instead (_k_major_weight)."""
+        info = self.info(kernel)
+        if info is None or info.kind != "matmul" or not options.use_tf32():
+            return ""
+        lay = MatmulLayout(info if not transposed else self.info(kernel, transposed))
+        if lay.dtype != torch.float32 or min(hint(lay.m), hint(lay.n), hint(lay.k)) < 64:
+            return ""  # (small: layout costs little next to the launch)
+        if lay.a_sk != 1:
+            return "TF32 matmul with A not K-major: cuBLAS (wgmma reads TF32 operands K-major only)"
+        if lay.b_sk != 1:
+            return "TF32 matmul with B not K-major: cuBLAS (wgmma reads TF32 operands K-major only)"
+        return ""
+
     def _k_major_weight(self, kernel: Kernel, inputs: list, consts: set, tf32: bool) -> frozenset[int]:
         """{i}: read body input i (a constant, B of a float32 matmul on TF32, stored row-major [K, N])
         from a copy transposed at build, so that B is K-major; else the empty set."""
@@ -270,9 +292,14 @@ class TritonBackend:
                 continue
             k: Kernel = n.attrs["kernel"]
             library = k.kind == "matmul" and options.matmul_executor == "torch"
+            transposed = self._k_major_weight(k, n.inputs, consts, options.use_tf32()) if not library else frozenset()
+            slow = self._tf32_not_k_major(k, transposed, options) if not library else ""
+            if slow:
+                self.reasons[k.structural_key] = f"{k.name}: {slow}"
+                chosen[i] = slow
+                continue
             if self.info(k) is not None and not library and all(provably(lambda v=v: v.type.numel > 0)
                                                                  for v in n.outputs):
-                transposed = self._k_major_weight(k, n.inputs, consts, options.tf32)
                 try:
                     src, fn = self.kernel_for(k, target, options, interpret, transposed)
                 except Unsupported as e:  # (found while rendering: the kernel runs through torch)

@@ -53,6 +53,12 @@ def signbit(x: str, dtype: torch.dtype) -> str:
     return f"({x}.to({bits}, bitcast=True) < 0)"
 
 
+# NaN as a bit pattern, not a global: Triton 3.6 checks at each launch that a kernel's globals
+# still equal their values at compile time, and a constexpr NaN never equals itself ("Global
+# variable _NAN has changed since we compiled this kernel", seen on the H200)
+NAN = "tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)"
+
+
 def literal(value: float | int | bool, dtype: torch.dtype) -> str:
     """A 0-d Triton tensor holding `value` in the compute dtype of `dtype`."""
     cdt = tl_compute(dtype)
@@ -64,8 +70,8 @@ def literal(value: float | int | bool, dtype: torch.dtype) -> str:
     if is_float(dtype):
         v = float(value)
         if math.isnan(v):
-            text = "_NAN"
-        elif math.isinf(v):
+            return f"{NAN}.to({cdt})"
+        if math.isinf(v):
             text = "_INF" if v > 0 else "_NEG_INF"
         else:
             text = repr(v)
@@ -170,7 +176,7 @@ def _pow(a, n, c):
             # a non-integer constant exponent: NaN for negative bases, C's pow(-inf, e) at -inf
             x, at_neg_inf = a[0], "_INF" if e > 0 else "0.0"
             r = f"tl.exp2({e!r} * tl.log2(tl.abs({x})))"
-            return f"tl.where({x} == _NEG_INF, {at_neg_inf}, tl.where({x} < 0, _NAN, {r}))"
+            return f"tl.where({x} == _NEG_INF, {at_neg_inf}, tl.where({x} < 0, {NAN}, {r}))"
     if dt == torch.bool:
         return None
     if not is_float(dt):
@@ -359,7 +365,7 @@ def _pow(x, y):
     integral = yi == y
     odd = integral & ((yi - 2.0 * tl.floor(yi * 0.5)) != 0)
     r = tl.where((x < 0) & odd, -r, r)
-    r = tl.where((x < 0) & (~integral), _NAN, r)
+    r = tl.where((x < 0) & (~integral), tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True), r)
     r = tl.where(y == 0, 1.0, r)
     return r
 """,
@@ -451,7 +457,6 @@ import triton.language as tl
 
 _INF = tl.constexpr(float("inf"))
 _NEG_INF = tl.constexpr(float("-inf"))
-_NAN = tl.constexpr(float("nan"))
 '''
 
 

@@ -196,7 +196,8 @@ def _tile(em: BodyEmitter, info: BodyInfo, lay: MatmulLayout, sched: MatmulSched
     L(f"rn = pid_n * {bn} + tl.arange(0, {bn})")
     L(f"rk = tl.arange(0, {bk})")
     k_tiles = cdiv(k, bk)
-    prec = f", input_precision=\"{sched.input_precision}\"" if lay.dtype == torch.float32 else ""
+    precision = "tf32" if sched.input_precision == "tf32rn" else sched.input_precision
+    prec = f", input_precision=\"{precision}\"" if lay.dtype == torch.float32 else ""
     if tma is None:
         L(f"ram = rm % {rows}" if rows % bm else "ram = rm")
         L(f"rbn = rn % {n}" if n % bn else "rbn = rn")
@@ -223,6 +224,11 @@ def _tile(em: BodyEmitter, info: BodyInfo, lay: MatmulLayout, sched: MatmulSched
               else f"a = a_desc.load([kt * {bk}, pid_m * {bm}]).T")
             L(f"b = b_desc.load([kt * {bk}, pid_n * {bn}])" if b_major == "n"
               else f"b = b_desc.load([pid_n * {bn}, kt * {bk}]).T")
+        if sched.input_precision == "tf32rn" and lay.dtype == torch.float32:  # nearest, not truncated (GPU only)
+            L("if not UPCAST:")
+            for x in ("a", "b"):
+                L(f"    {x} = tl.inline_asm_elementwise(\"cvt.rna.tf32.f32 $0, $1;\", \"=r,r\", [{x}], "
+                  "dtype=tl.float32, is_pure=True, pack=1)")
         if lay.dtype != torch.float32:
             L("if UPCAST:")
             L("    a = a.to(tl.float32)")

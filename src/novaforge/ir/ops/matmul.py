@@ -215,6 +215,10 @@ def _aten_flash(op, xs, n: int, a):
 
 
 def _attention_lse_impl(xs, a):
+    if xs[0].is_cuda:
+        from .attention_cuda import attention_lse_cuda
+
+        return attention_lse_cuda(xs, a)
     out, lse = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu, xs, 3, a)
     return out.transpose(-3, -2).contiguous(), lse.contiguous()
 
@@ -239,6 +243,10 @@ def _attention_backward_infer(ts, a):
 
 
 def _attention_backward_impl(xs, a):
+    if xs[0].is_cuda:
+        from .attention_cuda import attention_backward_cuda
+
+        return attention_backward_cuda(xs, a)
     grads = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu_backward, xs, 6, a)
     return tuple(t.transpose(-3, -2).contiguous() for t in grads)
 
