@@ -107,3 +107,25 @@ def test_cuda_sdpa_forward_and_backward_lower_to_the_attention_records(form, cau
     F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal).backward(g)
     for a, b in zip(got, (qr.grad, kr.grad, vr.grad), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_cpu_scalar_constant_read_on_another_device_becomes_a_scalar_there():
+    """Decompositions write `where(c, x, 0)` with a 0-d CPU constant; on a CUDA graph that made a
+    host copy per call, which CUDA-graph capture refused (cross-entropy on the H200). Lowered, the
+    constant is a scalar on the device of the op that reads it ('meta' stands in for 'cuda')."""
+    from novaforge.frontend.lower import InputSpec, lower_fx
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(3, device="meta")
+    c = g.get_attr("c0")
+    pos = g.call_function(aten.gt.Scalar, (x, 0.0))
+    pos.meta["val"] = torch.empty(3, dtype=torch.bool, device="meta")
+    w = g.call_function(aten.where.self, (pos, x, c))
+    w.meta["val"] = torch.empty(3, device="meta")
+    g.output((w,))
+    root = torch.nn.Module()
+    root.c0 = torch.tensor(0.0)
+    graph, _ = lower_fx(torch.fx.GraphModule(root, g), [InputSpec("user", "x")])
+    (where,) = [n for n in graph.nodes if n.op == "where"]
+    assert [v.type.device for v in where.inputs] == ["meta", "meta", "meta"]

@@ -148,6 +148,7 @@ class LowerCtx:
         self.externs: list[tuple[str, str]] = []
         self.extra_inputs: list[GraphInput] = []  # constants created while lowering (decompositions)
         self._scalars: dict[tuple, Value] = {}
+        self.cpu_scalars: dict[int, tuple[Any, torch.dtype]] = {}  # Value id -> (number, dtype): 0-d CPU constants
 
     # -- facts about the node being lowered -------------------------------------------------
     @property
@@ -191,8 +192,25 @@ class LowerCtx:
             v = self.env[a]
             if not isinstance(v, Value):
                 raise UnsupportedError(self.describe(f"argument {a.name} is not a single tensor"))
+            if v.id in self.cpu_scalars:
+                return self._on_node_device(v)
             return v
         raise UnsupportedError(self.describe(f"expected a tensor argument, got {a!r}"))
+
+    def _on_node_device(self, v: Value) -> Value:
+        """A constant 0-d CPU tensor read by an op on another device: eager treats it as a
+        number, so it becomes a scalar on that device (else a CUDA program would copy it from
+        the host at every call, which CUDA-graph capture refuses; seen on the H200 in
+        cross-entropy's `where(target != ignore_index, loss, 0)`)."""
+        vals = self.fx_node.meta.get("val") if self.fx_node is not None else None
+        for t in vals if isinstance(vals, list | tuple) else [vals]:
+            if isinstance(t, torch.Tensor):
+                dev = normalize_device(t.device)
+                if dev != v.type.device:
+                    value, dtype = self.cpu_scalars[v.id]
+                    return self.scalar(value, dtype, dev)
+                break
+        return v
 
     def is_tensor(self, a: Any) -> bool:
         return isinstance(a, torch.fx.Node) and isinstance(self.env.get(a), Value)
@@ -225,6 +243,8 @@ class LowerCtx:
         if v is None:
             v = self.emit("scalar", (), value=value, dtype=dtype, device=dev)
             self._scalars[key] = v
+            if dev == "cpu" and not isinstance(value, Sym):
+                self.cpu_scalars[v.id] = (value, dtype)
         return v
 
     def cast(self, v: Value, dtype: torch.dtype) -> Value:
@@ -375,6 +395,8 @@ def lower_fx(
             v = Value(TensorType.of(attr), hint="c")
             graph_inputs.append(GraphInput(v, "const", str(n.target), attr.detach()))
             ctx.env[n] = v
+            if attr.dim() == 0 and attr.device.type == "cpu" and attr.dtype in DTYPE_SHORT:
+                ctx.cpu_scalars[v.id] = (attr.item(), attr.dtype)
             continue
         if n.op != "call_function":
             raise UnsupportedError(f"FX node {n.name}: {n.op} is not supported (expected a functional ATen graph)")

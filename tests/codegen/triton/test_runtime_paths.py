@@ -108,7 +108,24 @@ def test_cuda_graph_capture_failure_runs_eagerly():
             got = runner.run(bind(x + 1))[0]
         torch.testing.assert_close(got, m(x + 1), atol=1e-5, rtol=1e-5)
         assert runner.failed and runner.captures == 0
+        assert runner.static == {}  # the static input copies are released, not kept for nothing
         torch.testing.assert_close(runner.run(bind(x - 1))[0], m(x - 1), atol=1e-5, rtol=1e-5)
+
+
+def test_programs_with_large_inputs_and_outputs_run_without_cuda_graphs(monkeypatch):
+    """A replay copies user inputs into static buffers and clones outputs, keeping both: for a
+    training program (inputs and outputs are the saved activations) that took ~3x their memory
+    on the H200. Above GRAPH_COPY_LIMIT bytes a CUDA program runs without a graph, and says why."""
+    from novaforge.codegen.triton import program as tp
+
+    m = Net()
+    prog, _ = _program_and_binding(m, torch.randn(5, 12))
+    small = tp.TritonProgram(prog.graph, "cuda")
+    assert small.use_graphs and "cuda_graphs_off" not in small.notes
+    monkeypatch.setattr(tp, "GRAPH_COPY_LIMIT", 5 * 12 * 4)  # the input alone fills it; the output tips it over
+    big = tp.TritonProgram(prog.graph, "cuda")
+    assert not big.use_graphs and "copying them into and out of a graph" in big.notes["cuda_graphs_off"]
+    assert not tp.TritonProgram(prog.graph, "cpu").use_graphs
 
 
 def test_gpu_launcher_passes_launch_options_and_no_upcast():
