@@ -506,3 +506,45 @@ def test_compiled_module_trains_at_varying_lengths_without_a_build_per_length():
             torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-4)
     assert len(compiled._train_entries) == 2 and compiled._trainer is not None
     assert compiled.compilations == 3
+
+
+def test_compile_step_over_a_causal_lm_at_varying_lengths_traces_the_sizes_once(monkeypatch):
+    """transformers' ForCausalLMLoss pads the labels (`F.pad(labels, (0, 1), value=-100)`), whose
+    fake kernel read the concrete length: the symbolic trace specialized, and from the third
+    length on every step ran eagerly (5x slower here) without ever compiling. The pad is now
+    decomposed in symbolic traces: the third length builds one program for all lengths, and each
+    step's loss equals eager's."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("NOVAFORGE_TIERED", "1")  # (the suite builds every size; users get automatic dynamic)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    a = transformers.GPT2LMHeadModel(cfg).train()
+    b = copy.deepcopy(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    step = novaforge.compile_step(a, oa)
+    for length in (9, 14, 20, 27, 33):
+        x = torch.randint(0, 128, (2, length))
+        got = float(step(input_ids=x, labels=x))
+        ob.zero_grad()
+        loss = b(input_ids=x, labels=x).loss
+        loss.backward()
+        ob.step()
+        assert abs(got - float(loss)) <= 1e-5 * abs(float(loss)), length
+    (fn,) = step._compiled.values()
+    assert fn.dynamic is not None and fn.dynamic.traces == 1 and fn.dynamic.specializations >= 2
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pad", [(0, 1), (2, 0, 1, 3), (-1, 2), (1, -2, 0, 0, 2, 1), (0, 0)])
+def test_pad_decomposition_of_symbolic_traces_matches_f_pad(pad):
+    from novaforge.frontend.capture_fx import _pad_by_cat
+
+    x = torch.randn(3, 5, 6)
+    want = torch.nn.functional.pad(x, pad, value=-2.5)
+    got = _pad_by_cat(x, list(pad), -2.5)
+    assert got.shape == want.shape and torch.equal(got, want)
+    assert got.data_ptr() != x.data_ptr()
+    labels = torch.randint(0, 9, (2, 7))
+    assert torch.equal(_pad_by_cat(labels, [0, 1], -100), torch.nn.functional.pad(labels, (0, 1), value=-100))

@@ -83,16 +83,41 @@ _BACKWARD_DECOMPOSED = (
 )
 
 
-def _decompositions() -> dict:
+def _decompositions(symbolic: bool = False) -> dict:
     """Ops whose in-place effects functionalization cannot see unless they are decomposed
     (native_batch_norm updates running statistics without declaring it in its schema), and the
-    backward ops of `_BACKWARD_DECOMPOSED`."""
+    backward ops of `_BACKWARD_DECOMPOSED`; with symbolic sizes also `constant_pad_nd`, whose
+    fake-tensor kernel reads the concrete sizes (transformers' ForCausalLMLoss pads the labels:
+    every size of a compile_step over a causal LM was specialized, then ran eagerly)."""
     from torch._decomp import get_decompositions
 
     aten = torch.ops.aten
     ops = [aten.native_batch_norm.default] + [getattr(aten, name) for name in _BACKWARD_DECOMPOSED
                                               if hasattr(aten, name)]
-    return get_decompositions(ops)
+    table = get_decompositions(ops)
+    if symbolic:
+        table[aten.constant_pad_nd.default] = _pad_by_cat
+    return table
+
+
+def _pad_by_cat(x: torch.Tensor, pad: list, value: float = 0) -> torch.Tensor:
+    """constant_pad_nd as narrow (negative pads) and cat with constant blocks: ops whose fake
+    kernels keep sizes symbolic."""
+    for i in range(len(pad) // 2):
+        d = x.dim() - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if lo < 0:
+            x, lo = x.narrow(d, -lo, x.shape[d] + lo), 0
+        if hi < 0:
+            x, hi = x.narrow(d, 0, x.shape[d] + hi), 0
+        parts = []
+        for n in (lo, hi):
+            shape = list(x.shape)
+            shape[d] = n
+            parts.append(x.new_full(shape, value) if n else None)
+        pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
+        x = torch.cat(pieces, d) if len(pieces) > 1 else x
+    return x.clone() if not pad or all(p == 0 for p in pad) else x
 
 
 def _storage(t: torch.Tensor) -> Any:
@@ -402,13 +427,13 @@ def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.
     return _fake_trace(fn, _pytree.tree_leaves(example), False, fx_traceback.preserve_node_meta())
 
 
-def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any) -> torch.fx.GraphModule:
+def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any, symbolic: bool = False) -> torch.fx.GraphModule:
     """make_fx of fn on fake tensors, with novaforge's decompositions, under `context`."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with torch.no_grad(), tracing_flags(), context:
         return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
-                       decomposition_table=_decompositions())(*args)
+                       decomposition_table=_decompositions(symbolic))(*args)
 
 
 def _traced(exc: BaseException) -> BaseException:
@@ -478,7 +503,8 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
         tracing[0] = True
         try:
-            return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines())
+            return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
+                               symbolic=dynamic is not None)
         finally:
             tracing[0] = False
 
