@@ -546,10 +546,13 @@ def run_model(chk: Check, name: str, dtype_name: str = "bf16", runners=("eager",
                 r["rel_diff"] = ((out - ref).norm() / ref.norm()).item()
                 r["max_abs_diff"] = (out - ref).abs().max().item()
                 del out
+                r["allocated_after_first_gib"] = None if chk.dry else torch.cuda.memory_allocated() / 2**30
                 t = time.perf_counter()
                 fn(ids)  # novaforge: the CUDA graph is captured here
                 chk.sync()
                 r["second_call_s"] = time.perf_counter() - t
+                # (run 2: novaforge's steady peak was 0.28 GiB above its first call's; this says where)
+                r["allocated_after_second_gib"] = None if chk.dry else torch.cuda.memory_allocated() / 2**30
                 peak_reset()
                 r["latency_s"] = statistics.median(chk.time_call(lambda fn=fn: fn(ids), iters))
                 r["peak_gib"] = peak()
