@@ -6,7 +6,8 @@ torch.compile (Inductor), novaforge through `torch.compile(backend="novaforge")`
 Per runner: the first step's seconds (compile included, cold caches), the median step time of the
 timed steps (synchronized: a step as a training loop sees it), tokens/s, peak allocated memory
 (`torch.cuda.max_memory_allocated` over the timed steps, parameters and optimizer state
-included), and the losses of the first steps against eager's (same weights, same batches).
+included), the losses of the first steps against eager's (same weights, same batches), and one
+more step under torch.profiler (device time per kernel: the top 15 and the total).
 Precisions: "bf16" = bf16 autocast over float32 parameters (nanoGPT's recipe), "tf32" = float32
 with TF32 matmuls. A dry run (CPU, Triton interpreter) trains a one-layer, 32-wide GPT at 2 x 16 for 3 steps.
 """
@@ -105,6 +106,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
                     r["first_step_s"] = times[0]
                 if i == warm - 1 and not dry:
                     torch.cuda.reset_peak_memory_stats()
+            r["profile"] = _profile_step(torch, step, data[-1], dry)
             timed = times[warm:]
             r["step_s"] = statistics.median(timed)
             r["step_s_all"] = [round(t, 5) for t in times]
@@ -149,6 +151,30 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
     return res
 
 
+def _profile_step(torch, step, batch, dry: bool, top: int = 15) -> dict[str, Any]:
+    """One more step under torch.profiler: device time per kernel name (the top `top` and the
+    total), so a slow runner's time can be placed (attention, GEMMs, pointwise, copies)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([] if dry else [ProfilerActivity.CUDA])
+    try:
+        with profile(activities=acts) as prof:
+            step(*batch)
+            if not dry:
+                torch.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            t = (getattr(e, "self_device_time_total", 0) or 0) if not dry else e.self_cpu_time_total
+            if t > 0 and (dry or str(getattr(e, "device_type", "")).endswith("CUDA")):  # (kernels, not ops)
+                rows.append((t, e.key, e.count))
+        rows.sort(reverse=True)
+        total = sum(t for t, _, _ in rows)
+        return {"total_ms": total / 1e3, "kernels": len(rows),
+                "top": [{"name": k[:120], "ms": t / 1e3, "calls": c} for t, k, c in rows[:top]]}
+    except Exception as e:  # noqa: BLE001 - the profile is a diagnostic; never fail the runner for it
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def part_training(chk) -> dict[str, Any]:
     out: dict[str, Any] = {}
     cases = [tuple(c.split(":")) for c in chk.args.training.split(",") if c] or CASES
@@ -180,6 +206,12 @@ def markdown(result: dict[str, Any]) -> list[str]:
             lines.append(f"| {key} | {runner} | {r['first_step_s']:.1f} | {r['step_s'] * 1e3:.2f} | "
                          f"{r['tokens_per_s']:,.0f} | {'-' if peak is None else f'{peak:.2f}'} | "
                          f"{r.get('max_rel_loss_diff', 0):.1e} |")
+        for runner in RUNNERS:
+            prof = (case.get(runner) or {}).get("profile") or {}
+            if prof.get("top"):
+                tops = "; ".join(f"{t['name'][:50]} {t['ms']:.2f} ms x{t['calls']}" for t in prof["top"][:6])
+                lines.append(f"| {key} profile | {runner} | {prof['total_ms']:.1f} ms in {prof['kernels']} kernels: "
+                             f"{tops} | | | | |")
         if case.get("ratios"):
             lines.append(f"| {key} ratios | " + ", ".join(f"{k} {v:.3f}" for k, v in case["ratios"].items())
                          + " | | | | | |")
