@@ -129,3 +129,19 @@ def test_a_cpu_scalar_constant_read_on_another_device_becomes_a_scalar_there():
     graph, _ = lower_fx(torch.fx.GraphModule(root, g), [InputSpec("user", "x")])
     (where,) = [n for n in graph.nodes if n.op == "where"]
     assert [v.type.device for v in where.inputs] == ["meta", "meta", "meta"]
+
+
+@pytest.mark.parametrize("s", [37, 48])
+def test_the_efficient_kernels_bias_has_aligned_rows(s):
+    """ATen's memory-efficient attention refuses a bias whose rows are not 16-element aligned
+    (BERT's padding mask at a length like 37): the bias is built in 16-aligned rows."""
+    from novaforge.ir.ops.attention_cuda import _bias
+
+    q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, s, 8)
+    keep = torch.rand(2, 1, 1, s) > 0.3
+    b = _bias(q, k, keep)
+    assert b.shape == (2, 3, 5, s) and b.stride(-1) == 1 and b.stride(-2) % 16 == 0
+    want = torch.zeros(2, 3, 5, s).masked_fill(~keep, float("-inf"))
+    assert torch.equal(b, want)
+    additive = torch.randn(5, s)
+    assert torch.equal(_bias(q, k, additive), additive.expand(2, 3, 5, s))

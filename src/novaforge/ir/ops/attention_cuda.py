@@ -165,11 +165,15 @@ def _tf32() -> bool:
 
 
 def _bias(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A mask as the additive bias [B, H, L, S] the efficient kernels take."""
+    """A mask as the additive bias [B, H, L, S] the efficient kernels take: rows 16-element
+    aligned (the kernels refuse other row strides; SDPA pads the same way), S columns of them."""
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-    shape = q.shape[:-1] + (k.shape[-2],)
-    return _as4(mask.expand(shape).contiguous())
+    s = k.shape[-2]
+    shape = q.shape[:-1] + (s,)
+    rows = torch.zeros(q.shape[:-1] + (s + -s % 16,), dtype=q.dtype, device=q.device)
+    rows[..., :s] = mask.expand(shape)
+    return _as4(rows[..., :s])
 
 
 def _repeat_heads(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
