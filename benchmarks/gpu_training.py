@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any
 
-CASES = [("gpt-42m", "bf16"), ("gpt-42m", "tf32"), ("gpt-124m", "bf16")]
+CASES = [("gpt-42m", "bf16"), ("gpt-42m", "tf32"), ("gpt-124m", "bf16"), ("gpt-124m", "tf32")]
 RUNNERS = ("eager", "torch.compile", "novaforge", "novaforge-step")
 
 
