@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ...ir import OPS, Graph, Value
+from ...ir.symbolic import hint
 from ...runtime.interpret import interpret, storage_relative
 from ...runtime.state import storage_ptr
 
@@ -264,8 +265,6 @@ GRAPH_COPY_LIMIT = 256 << 20  # bytes of user inputs + outputs above which a pro
 
 def hinted_bytes(v: Value) -> int:
     """A value's bytes at its size hints (symbolic sizes: their hints)."""
-    from ...ir.symbolic import hint
-
     return int(hint(v.type.numel)) * v.type.dtype.itemsize
 
 

@@ -40,31 +40,19 @@ def _zeros_like_output(ctx, i: int, device: str):
     return ctx.emit("full", (), shape=shape, value=0, dtype=dtype, device=device)
 
 
-def _lse_to_aten(ctx, lse, shape: tuple):
-    """Our [B, H, L] logsumexp in the ATen op's shape: [B, H, L, 1] (cuDNN) or zero padded to
-    [B, H, P] (efficient)."""
-    ours = lse.type.shape
-    if shape == ours:
+def _lse_as(ctx, lse, shape: tuple):
+    """A logsumexp between our [B, H, L] and an ATen op's shape, either way: a trailing unit axis
+    (cuDNN [B, H, L, 1]) reshaped, a longer or shorter last axis (efficient, zero padded to
+    [B, H, P]) padded or cropped."""
+    have = lse.type.shape
+    if shape == have:
         return lse
-    if shape == ours + (1,):
+    if shape == have + (1,) or have == shape + (1,):
         return ctx.reshape(lse, shape)
-    if len(shape) == len(ours) and shape[:-1] == ours[:-1] and shape[-1] >= ours[-1]:
-        pads = ((0, 0),) * (len(ours) - 1) + ((0, shape[-1] - ours[-1]),)
+    if len(shape) == len(have) and shape[:-1] == have[:-1]:
+        pads = ((0, 0),) * (len(have) - 1) + ((0, shape[-1] - have[-1]),)  # (negative: crop)
         return ctx.emit("pad", [lse], pads=pads, value=0.0)
-    raise ctx.unsupported(f"a logsumexp of shape {shape} for attention rows {ours}")
-
-
-def _lse_from_aten(ctx, lse, rows: tuple):
-    """An ATen op's logsumexp back to [B, H, L] (the inverse of _lse_to_aten)."""
-    shape = lse.type.shape
-    if shape == rows:
-        return lse
-    if shape == rows + (1,):
-        return ctx.reshape(lse, rows)
-    if len(shape) == len(rows) and shape[:-1] == rows[:-1] and shape[-1] >= rows[-1]:
-        pads = ((0, 0),) * (len(rows) - 1) + ((0, rows[-1] - shape[-1]),)
-        return ctx.emit("pad", [lse], pads=pads, value=0.0)
-    raise ctx.unsupported(f"a logsumexp of shape {shape} for attention rows {rows}")
+    raise ctx.unsupported(f"a logsumexp of shape {have} where {shape} is expected")
 
 
 def _forward(ctx, q, k, v, mask, dropout_p: float, is_causal: bool, scale):
@@ -88,7 +76,7 @@ def _forward(ctx, q, k, v, mask, dropout_p: float, is_causal: bool, scale):
         return tuple(results)
     node = ctx.emit_node("attention_lse", ins, {"scale": scale, "causal": bool(is_causal)})
     results[0] = _heads_first(ctx, node.outputs[0])
-    results[1] = _lse_to_aten(ctx, node.outputs[1], types[1][0])
+    results[1] = _lse_as(ctx, node.outputs[1], types[1][0])
     for i in used - {0, 1}:
         results[i] = _zeros_like_output(ctx, i, device)
     return tuple(results)
@@ -101,7 +89,7 @@ def _backward(ctx, grad_out, query, key, value, out, logsumexp, mask, dropout_p:
     if ins[1].type.rank < 3:
         return ctx.extern("attention without a head axis")
     rows = ins[1].type.shape[:-1]
-    ins.append(_lse_from_aten(ctx, ctx.val(logsumexp), rows))
+    ins.append(_lse_as(ctx, ctx.val(logsumexp), rows))
     if mask is not None:
         m = ctx.val(mask)
         if m.type.dtype != ins[1].type.dtype:
