@@ -15,6 +15,7 @@ with TF32 matmuls. A dry run (CPU, Triton interpreter) trains a one-layer, 32-wi
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 import traceback
@@ -106,6 +107,9 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
                     r["first_step_s"] = times[0]
                 if i == warm - 1 and not dry:
                     torch.cuda.reset_peak_memory_stats()
+            if runner.startswith("novaforge"):
+                r["programs"] = _program_memory(torch)
+                r["allocated_after_gib"] = None if dry else torch.cuda.memory_allocated() / 2**30
             r["profile"] = _profile_step(torch, step, data[-1], dry)
             timed = times[warm:]
             r["step_s"] = statistics.median(timed)
@@ -173,6 +177,29 @@ def _profile_step(torch, step, batch, dry: bool, top: int = 15) -> dict[str, Any
                 "top": [{"name": k[:120], "ms": t / 1e3, "calls": c} for t, k, c in rows[:top]]}
     except Exception as e:  # noqa: BLE001 - the profile is a diagnostic; never fail the runner for it
         return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _program_memory(torch) -> list[dict[str, Any]]:
+    """Where a novaforge runner's memory goes: each live Triton program's arena (held, or taken
+    per call), its per-call fresh outputs, its user inputs, and its CUDA graph's static copies."""
+    import gc
+
+    from novaforge.codegen.triton.program import TritonProgram, hinted_bytes
+
+    mib = 2**20
+    rows = []
+    for p in [o for o in gc.get_objects() if isinstance(o, TritonProgram) and o.calls]:
+        info = p.info()
+        runner = p._graph_runner
+        rows.append({
+            "arena_mib": round(p.arena_bytes / mib, 1), "arena_per_call": p.arena_per_call,
+            "fresh_mib": round(sum(math.prod(s) * d.itemsize for _, s, d in p.fresh) / mib, 1),
+            "user_inputs_mib": round(sum(hinted_bytes(gi.value) for gi in p.graph.inputs if gi.kind == "user") / mib, 1),
+            "static_mib": round(sum(t.numel() * t.element_size() for t in runner.static.values()) / mib, 1)
+            if runner else 0.0,
+            "graphs": info["cuda_graphs"], "steps": len(p.steps), "torch_steps": len(info["fallbacks"]),
+            "calls": p.calls})
+    return rows
 
 
 def part_training(chk) -> dict[str, Any]:

@@ -533,8 +533,8 @@ def test_compile_step_over_a_causal_lm_at_varying_lengths_traces_the_sizes_once(
         assert abs(got - float(loss)) <= 1e-5 * abs(float(loss)), length
     (fn,) = step._compiled.values()
     assert fn.dynamic is not None and fn.dynamic.traces == 1 and fn.dynamic.specializations >= 2
-    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):  # (an AdamW step moves an element by up to lr
+        torch.testing.assert_close(p, q, atol=2e-5, rtol=1e-4)       # = 1e-3 whatever its gradient's size: 2%)
 
 
 @pytest.mark.parametrize("pad", [(0, 1), (2, 0, 1, 3), (-1, 2), (1, -2, 0, 0, 2, 1), (0, 0)])

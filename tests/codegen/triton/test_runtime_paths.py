@@ -255,3 +255,42 @@ def test_target_from_device_on_fake_properties(monkeypatch):
     # the schedules follow the device it describes
     s = sched_gpu.matmul_schedule(1, 4096, 4096, 4096, torch.bfloat16, t)
     assert s.smem <= t.smem_per_block
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(12, 32), torch.nn.Linear(32, 6)
+
+    def forward(self, x):
+        return torch.sigmoid(self.b(torch.relu(self.a(x)) * 1.5)) - 0.25
+
+
+def test_large_arenas_of_programs_without_graphs_are_allocated_per_call(monkeypatch):
+    """A program without a CUDA graph whose arena passes ARENA_PER_CALL takes it from the
+    allocator at each call (a training step's forward and backward then share memory instead of
+    each holding its own): the program keeps no arena between calls, its planned values land
+    in the new arena's views, and results equal eager's call after call (a caller's earlier
+    outputs are not overwritten)."""
+    from novaforge.codegen.triton import program as tp
+
+    m = Mlp()
+    x = torch.randn(5, 12)
+    c = compiled(m)
+    with torch.no_grad():
+        c(x)
+    held = c.stats().program
+    assert held.graph.meta.memory_plan.offsets, "the test needs planned values"
+    assert not held.arena_per_call and held.arena is not None  # (a small arena: held, as before)
+    monkeypatch.setattr(tp, "ARENA_PER_CALL", 0)
+    fresh = compiled(m)
+    with torch.no_grad():
+        want1, want2 = m(x), m(x * 2)
+        got1 = fresh(x)
+    prog = fresh.stats().program
+    assert prog.arena_per_call and prog.arena is None and prog.info()["arena"]["per_call"]
+    with torch.no_grad():
+        got2 = fresh(x * 2)
+    torch.testing.assert_close(got1, want1, atol=1e-5, rtol=1e-5)  # (not overwritten by the second call)
+    torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
+    assert "per call" in prog.describe().splitlines()[0]

@@ -17,6 +17,7 @@ was loaded at build), and each step that runs through torch with its reason.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import torch
 
 from ...ir import OPS, Graph, Value
 from ...ir.symbolic import hint
+from ...ir.types import contiguous_strides
 from ...runtime.interpret import interpret, storage_relative
 from ...runtime.state import storage_ptr
 
@@ -69,8 +71,11 @@ class TritonProgram:
         self.input_kinds: list[str] = []
         self.fresh: list[tuple[int, tuple[int, ...], torch.dtype]] = []
         self.view_slots: set[int] = set()
-        self.arena: torch.Tensor | None = None
+        self.arena: torch.Tensor | None = None  # (None while a per-call arena is not running)
+        self.arena_bytes = 0
         self.arena_slots: set[int] = set()  # slots holding a view of the arena
+        self.arena_per_call = False  # allocate the arena at each call instead of once (see allocate)
+        self._arena_views: list[tuple[int, int, torch.dtype, tuple[int, ...]]] = []  # slot, offset, dtype, shape
         self.notes: dict[str, Any] = {}  # build facts for info(): precompile, pre-transposed weights
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and self._graph_copies_pay(graph)
         self._graph_runner: _CudaGraphRunner | None = None
@@ -128,10 +133,19 @@ class TritonProgram:
         return cache[slot]
 
     def allocate(self, plan: Any) -> None:
-        """Arena views for planned buffers; fresh (per call) outputs for everything else."""
+        """Arena views for planned buffers; fresh (per call) outputs for everything else.
+
+        A program that runs without a CUDA graph and plans more than ARENA_PER_CALL bytes takes
+        its arena from the allocator at each call and gives it back at the end (as eager frees
+        its temporaries): a training step's forward and backward programs then reuse one
+        another's memory instead of both holding theirs for the whole step (GPT-42M bf16 at
+        16 x 1024: ~1 GiB each). A graph's replay needs fixed addresses, so captured programs
+        keep theirs."""
         offsets = getattr(plan, "offsets", {}) if plan is not None else {}
         arena_bytes = getattr(plan, "arena_bytes", 0) if plan is not None else 0
-        self.arena = torch.empty(max(arena_bytes, 1), dtype=torch.uint8, device=self.device)
+        self.arena_bytes = -(-max(arena_bytes, 1) // 8) * 8  # (a whole number of 8-byte elements)
+        self.arena_per_call = not self.use_graphs and arena_bytes > ARENA_PER_CALL
+        self.arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device)
         for n in self.graph.nodes:
             if n.op != "kernel":
                 continue
@@ -143,8 +157,29 @@ class TritonProgram:
                         torch.empty(0, dtype=o.type.dtype, device=self.device)
                     self.template[s] = buf.view(o.type.shape)
                     self.arena_slots.add(s)
+                    if nbytes:
+                        self._arena_views.append((s, off, o.type.dtype, tuple(o.type.shape)))
                 else:
                     self.fresh.append((s, o.type.shape, o.type.dtype))
+        if self.arena_per_call:  # (placeholders, so the template still says which slots are planned)
+            empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+            for s, _, dtype, _ in self._arena_views:
+                self.template[s] = empty.view(dtype)
+            self.arena = None
+
+    def _bind_arena(self, env: list[Any]) -> None:
+        """A per-call arena: one allocation, a view of it in each planned slot."""
+        arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device)
+        bases: dict[torch.dtype, torch.Tensor] = {}
+        for s, off, dtype, shape in self._arena_views:
+            base = bases.get(dtype)
+            if base is None:
+                base = bases[dtype] = arena.view(dtype)
+            size = dtype.itemsize
+            if off % size:  # (the plan aligns every buffer; keep exact for any that is not)
+                env[s] = arena[off:off + math.prod(shape) * size].view(dtype).view(shape)
+            else:
+                env[s] = base.as_strided(shape, contiguous_strides(shape), off // size)
 
     @property
     def kernels(self) -> list[Any]:
@@ -175,6 +210,8 @@ class TritonProgram:
             env[s] = x if x.is_contiguous() else x.contiguous()
             if env[s] is not x and x.numel():
                 copies.add(storage_ptr(env[s]))
+        if self.arena_per_call:
+            self._bind_arena(env)
         for s, shape, dtype in self.fresh:
             env[s] = torch.empty(shape, dtype=dtype, device=self.device)
         for st in self.steps:
@@ -208,6 +245,7 @@ class TritonProgram:
             "device": str(self.device),
             "launcher": "interpreter" if self.interpret_mode else "gpu",
             "calls": self.calls,
+            "arena": {"bytes": self.arena_bytes, "per_call": self.arena_per_call},
             "cuda_graphs": {"enabled": self.use_graphs, "captures": r.captures if r else 0,
                             "replays": r.replays if r else 0, "failed": r.failed if r else False},
             "kernels": kernels,
@@ -218,7 +256,7 @@ class TritonProgram:
     def describe(self) -> str:
         """One line per step: what runs, on which executor (the program's listing for dumps)."""
         lines = [f"# triton program on {self.device}: {len(self.steps)} steps, arena "
-                 f"{(self.arena.numel() if self.arena is not None else 0) / 2**20:.2f} MiB, "
+                 f"{self.arena_bytes / 2**20:.2f} MiB{' per call' if self.arena_per_call else ''}, "
                  f"cuda graphs {'on' if self.use_graphs else 'off'}"]
         for st in self.steps:
             if st.kind == "triton":
@@ -261,6 +299,8 @@ class TorchCuda:
 
 
 GRAPH_COPY_LIMIT = 256 << 20  # bytes of user inputs + outputs above which a program runs without a CUDA graph
+ARENA_PER_CALL = 64 << 20  # arena bytes above which a program without a CUDA graph allocates it per call
+
 
 
 def hinted_bytes(v: Value) -> int:
