@@ -181,20 +181,21 @@ def _profile_step(torch, step, batch, dry: bool, top: int = 15) -> dict[str, Any
 
 def _program_memory(torch) -> list[dict[str, Any]]:
     """Where a novaforge runner's memory goes: each live Triton program's arena (held, or taken
-    per call), its per-call fresh outputs, its user inputs, and its CUDA graph's static copies."""
+    shared), its per-call fresh outputs, its user inputs, and its CUDA graph's static copies."""
     import gc
 
     from novaforge.codegen.triton.program import TritonProgram, hinted_bytes
 
     mib = 2**20
     rows = []
-    for p in [o for o in gc.get_objects() if isinstance(o, TritonProgram) and o.calls]:
+    for p in [o for o in gc.get_objects() if type(o) is TritonProgram and o.calls]:
         info = p.info()
         runner = p._graph_runner
         rows.append({
-            "arena_mib": round(p.arena_bytes / mib, 1), "arena_per_call": p.arena_per_call,
+            "arena_mib": round(p.arena_bytes / mib, 1), "arena_shared": p.arena_shared,
             "fresh_mib": round(sum(math.prod(s) * d.itemsize for _, s, d in p.fresh) / mib, 1),
-            "user_inputs_mib": round(sum(hinted_bytes(gi.value) for gi in p.graph.inputs if gi.kind == "user") / mib, 1),
+            "user_inputs_mib": round(sum(hinted_bytes(gi.value) for gi in p.graph.inputs
+                                         if gi.kind == "user") / mib, 1),
             "static_mib": round(sum(t.numel() * t.element_size() for t in runner.static.values()) / mib, 1)
             if runner else 0.0,
             "graphs": info["cuda_graphs"], "steps": len(p.steps), "torch_steps": len(info["fallbacks"]),

@@ -266,31 +266,111 @@ class Mlp(torch.nn.Module):
         return torch.sigmoid(self.b(torch.relu(self.a(x)) * 1.5)) - 0.25
 
 
-def test_large_arenas_of_programs_without_graphs_are_allocated_per_call(monkeypatch):
-    """A program without a CUDA graph whose arena passes ARENA_PER_CALL takes it from the
-    allocator at each call (a training step's forward and backward then share memory instead of
-    each holding its own): the program keeps no arena between calls, its planned values land
-    in the new arena's views, and results equal eager's call after call (a caller's earlier
-    outputs are not overwritten)."""
+def test_programs_without_graphs_over_the_limit_share_one_arena(monkeypatch):
+    """Programs without a CUDA graph whose arenas pass SHARED_ARENA_OVER run in one arena per
+    device and stream, grown to the largest (a training step's forward and backward then hold
+    one arena between them, not one each): each keeps none of its own, results equal eager's
+    call after call and across programs (a caller's earlier outputs are not overwritten), a
+    growth drops the views of the old buffer, and the buffer goes with the last program."""
+    import gc
+
     from novaforge.codegen.triton import program as tp
 
-    m = Mlp()
+    m, wide = Mlp(), torch.nn.Sequential(torch.nn.Linear(12, 96), torch.nn.GELU(), torch.nn.Linear(96, 3))
     x = torch.randn(5, 12)
-    c = compiled(m)
+    held = compiled(m)
     with torch.no_grad():
-        c(x)
-    held = c.stats().program
-    assert held.graph.meta.memory_plan.offsets, "the test needs planned values"
-    assert not held.arena_per_call and held.arena is not None  # (a small arena: held, as before)
-    monkeypatch.setattr(tp, "ARENA_PER_CALL", 0)
-    fresh = compiled(m)
+        held(x)
+    assert held.stats().program.graph.meta.memory_plan.offsets, "the test needs planned values"
+    assert not held.stats().program.arena_shared  # (a small arena: its own, as before)
+    monkeypatch.setattr(tp, "SHARED_ARENA_OVER", 0)
+    a, b = compiled(m), compiled(wide)
     with torch.no_grad():
-        want1, want2 = m(x), m(x * 2)
-        got1 = fresh(x)
-    prog = fresh.stats().program
-    assert prog.arena_per_call and prog.arena is None and prog.info()["arena"]["per_call"]
+        got = [a(x), b(x), a(x * 2), b(x * 2)]
+        want = [m(x), wide(x), m(x * 2), wide(x * 2)]
+    pa, pb = a.stats().program, b.stats().program
+    assert pa.arena_shared and pa.arena is None and pa.info()["arena"]["shared"]
+    assert "(shared)" in pa.describe().splitlines()[0]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    (shared,) = set(pa._shared.values())
+    assert set(pb._shared.values()) == {shared}  # one arena for both, as large as the larger
+    assert shared.buffer(0).numel() == max(pa.arena_bytes, pb.arena_bytes)
+    shared.buffer(shared.buffer(0).numel() + 8)  # a growth: no program keeps views of the old buffer
+    assert len(shared.views) == 0
     with torch.no_grad():
-        got2 = fresh(x * 2)
-    torch.testing.assert_close(got1, want1, atol=1e-5, rtol=1e-5)  # (not overwritten by the second call)
-    torch.testing.assert_close(got2, want2, atol=1e-5, rtol=1e-5)
-    assert "per call" in prog.describe().splitlines()[0]
+        torch.testing.assert_close(a(x), m(x), atol=1e-5, rtol=1e-5)
+    ref = __import__("weakref").ref(shared)
+    del a, b, pa, pb, shared
+    gc.collect()
+    assert ref() is None
+
+
+class Overwrite(torch.nn.Module):
+    """One kernel writes p's new value (not read from p) and reads p's old value for its output."""
+
+    def forward(self, p, m):
+        before = p * 3
+        p.copy_(m * 0.5)
+        return before + 1
+
+
+class AdamLike(torch.nn.Module):
+    """A step that updates its inputs in place, as compile_step's optimizer update does."""
+
+    def forward(self, p, m, g):
+        before = p * 3  # the old p, read by the kernel that writes the new one, for another output
+        m.mul_(0.9).add_(g, alpha=0.1)
+        p.sub_(m * 0.5)
+        return before + p
+
+
+def test_mutated_inputs_are_updated_in_place_by_their_pointwise_kernels():
+    """A pointwise kernel that computes a mutated input's new value, reading the old one only at
+    its own element, writes the input's buffer (no fresh output, no write-back copy); its stores
+    come after all its loads, so a kernel reading the old value for another output still sees
+    it. Values equal eager's over several steps."""
+    p0, m0, g = torch.randn(64), torch.randn(64), torch.randn(64)
+    p, m = p0.clone(), m0.clone()
+    c = compiled(AdamLike())
+    losses = [c(p, m, g) for _ in range(3)]
+    pe, me = p0.clone(), m0.clone()
+    want = [AdamLike()(pe, me, g) for _ in range(3)]
+    torch.testing.assert_close(torch.stack(losses), torch.stack(want), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(p, pe, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(m, me, atol=1e-6, rtol=1e-6)
+    prog = c.stats().program
+    assert len(prog.kernels) == 1 and prog.kernels[0].source.count("tl.load(") == 3
+    g_ir = prog.graph
+    ins = {gi.value: prog.slot_of[gi.value] for gi in g_ir.inputs if gi.kind != "const"}
+    news = [prog.slot_of[new] for _, new in g_ir.mutations]
+    assert news and all(s in ins.values() for s in news), "the new values live in their inputs' slots"
+    assert not any(s in news for s, _, _ in prog.fresh)
+    c, (p, m) = compiled(Overwrite()), (p0.clone(), m0.clone())
+    torch.testing.assert_close(c(p, m), p0 * 3 + 1)  # (the old p, loaded before the new one is stored)
+    torch.testing.assert_close(p, m0 * 0.5)
+    for k in prog.kernels:  # every load of a kernel before its first store (render.store_all)
+        lines = k.source.splitlines()
+        loads = [i for i, ln in enumerate(lines) if "tl.load(" in ln]
+        stores = [i for i, ln in enumerate(lines) if "tl.store(" in ln]
+        assert max(loads) < min(stores), k.source
+
+
+def test_precompiled_kernels_launch_through_their_binary_unless_a_pointer_is_unaligned():
+    """`_direct_launcher` calls the precompiled binary's launcher over the 3-d grid with the
+    kernel's arguments and UPCAST last (no JIT binding per launch); a tensor not 16-byte aligned
+    (the warmup's specialization) goes through the JIT launch instead."""
+    calls = []
+
+    class FakeCompiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("binary", grid, args))
+
+    src = types.SimpleNamespace(grid=(7, 2), num_warps=8, num_stages=3, symbols=())
+    launch = be._direct_launcher(FakeCompiled(), lambda *args: calls.append(("jit", args)), src)
+    buf = torch.zeros(64)
+    a, b = buf[:16], buf[4:20]  # b starts 16 bytes in (aligned); c 4 bytes in (not)
+    launch(a, b)
+    c = buf[1:17]
+    launch(a, c)
+    assert calls == [("binary", (7, 2, 1), (a, b, False)), ("jit", (a, c))]

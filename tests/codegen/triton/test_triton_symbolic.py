@@ -26,7 +26,7 @@ def test_one_program_serves_every_size(name):
     info = prog.info()
     assert info["kernels"] and not info["fallbacks"], info["fallbacks"]
     for k in prog.kernels:  # every generated kernel takes the sizes it names as arguments
-        sig = re.search(r"def kernel\((.*)\):", k.source).group(1)
+        sig = re.search(r"def nf_\w+\((.*)\):", k.source).group(1)
         assert [a.strip() for a in sig.split(",") if re.fullmatch(r"\s*s\d+\s*", a)] == list(k.symbols)
 
 

@@ -32,12 +32,12 @@ from ...cache.store import cache_key, library_cache
 from ...ir import OPS, Graph, Kernel, Value
 from ...ir.symbolic import SymbolicDecision, context_signature, graph_symbols, hint, is_symbolic
 from ...ir.types import TensorType
-from ...ir.views import view_roots
 from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
 from ...runtime.state import version_of
 from ...schedule.target import CpuTarget, detect_cpu_target
+from ..inplace_updates import mutated_input_uses, pointwise_updates
 from ..registry import sources_digest
 from .analysis import Unsupported
 from .build import compile_flags, compile_library, compiler, compiler_version
@@ -390,7 +390,7 @@ class _Layout:
         self.inplace: dict[int, str] = {}
         self._inplace_of: dict[Value, Value] = {}
         updates = _inplace_updates(graph, self._input_pos)
-        pointwise_updates = _pointwise_updates(graph, self._input_pos) if inplace else {}
+        in_place = pointwise_updates(graph, self._input_pos, ("pointwise", "matmul")) if inplace else {}
         for n in graph.nodes:
             if n.op != "kernel":
                 src, chain = self._views.get(n.inputs[0], (n.inputs[0], ()))
@@ -403,7 +403,7 @@ class _Layout:
                 self._inplace_of[n.outputs[0]] = x
                 self.slots[self._slot[x]].written = True
                 continue
-            into = pointwise_updates.get(id(n), {})
+            into = in_place.get(id(n), {})
             for o in n.outputs:
                 if o in into:  # a mutated input's new value, computed into the input's own buffer
                     x = into[o]
@@ -505,20 +505,6 @@ class _Layout:
         return OutputSpec("slot", slot=s)
 
 
-def _mutated_input_uses(graph: Graph) -> tuple[dict[Value, Value], dict[Value, int], set[Value]]:
-    """What an in-place update of a mutated input must respect: each new value's input, the
-    last node reading each value or a view of it, and the values read after the program ran,
-    themselves or through a view: the outputs, and the new values of mutated inputs (an input's
-    old value written back into another input, `x0.copy_(x1); x1.relu_()`)."""
-    root = view_roots(graph.nodes)
-    later_use: dict[Value, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            later_use[root.get(v, v)] = i
-    returned = {root.get(v, v) for v in graph.outputs} | {root.get(new, new) for _, new in graph.mutations}
-    return {new: old for old, new in graph.mutations}, later_use, returned
-
-
 def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tuple[str, Value]]:
     """Kernel nodes (by id) that may write a mutated graph input in place: one extern (its other
     arguments possibly views) whose ATen op has an in-place form (`index_copy` -> `index_copy_`),
@@ -526,7 +512,7 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
     which nothing reads the old value. Then the new value is computed into the input's buffer
     and its write-back copies nothing (a static KV cache is updated by one row instead of
     copied twice per step)."""
-    new_of, later_use, returned = _mutated_input_uses(graph)
+    new_of, later_use, returned = mutated_input_uses(graph)
     out: dict[int, tuple[str, Value]] = {}
     for i, n in enumerate(graph.nodes):
         if n.op != "kernel" or len(n.outputs) != 1 or new_of.get(n.outputs[0]) is None:
@@ -547,43 +533,6 @@ def _inplace_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, tup
             continue
         out[id(n)] = (target, x)
     return out
-
-
-def _pointwise_updates(graph: Graph, input_pos: dict[Value, int]) -> dict[int, dict[Value, Value]]:
-    """Pointwise kernels and matmul epilogues (by id) that may write a mutated graph input's new
-    value into the input's own buffer: the kernel reads the input only elementwise at the output's
-    shape (each element is read before its own lane writes it; the matmul's operands are not the
-    input), nothing after the kernel reads the old value or a view of it, and neither the input
-    nor a view of it is a graph output. The library never stores its raw matmul result there
-    (`plan_kernel`'s `written_outs`). An optimizer step's parameters and moments are then
-    updated in place, with no fresh buffer and no copy at the write-back."""
-    new_of, later_use, returned = _mutated_input_uses(graph)
-    out: dict[int, dict[Value, Value]] = {}
-    taken: set[Value] = set()
-    for i, n in enumerate(graph.nodes):
-        # pointwise kernels and matmul epilogues run one pass, each lane reading its own element
-        # (a reduction kernel may read its input again after its first stores)
-        if n.op != "kernel" or n.attrs["kernel"].kind not in ("pointwise", "matmul"):
-            continue
-        body = n.attrs["kernel"].body
-        pairs: dict[Value, Value] = {}
-        for o in n.outputs:
-            x = new_of.get(o)
-            if (x is None or x not in input_pos or x in taken or x in returned or later_use.get(x, -1) > i
-                    or o in graph.outputs or x.type != o.type):
-                continue
-            reads = [bv.value for bv, v in zip(body.inputs, n.inputs, strict=True) if v is x]
-            if all(_read_elementwise_only(body, r) for r in reads):
-                pairs[o] = x
-                taken.add(x)
-        if pairs:
-            out[id(n)] = pairs
-    return out
-
-
-def _read_elementwise_only(body: Graph, v: Value) -> bool:
-    """Every reader of `v` in the body is elementwise at `v`'s shape (or there is none)."""
-    return all(OPS[u.op].has("elementwise") and u.outputs[0].type.shape == v.type.shape for u in body.users(v))
 
 
 def _inplace_target(target: str) -> str | None:

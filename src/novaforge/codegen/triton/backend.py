@@ -47,11 +47,12 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ...ir import OPS, Graph, Kernel
+from ...ir import OPS, Graph, Kernel, Value
 from ...ir.specialize import specialize
 from ...ir.symbolic import (
     SYMBOL_PREFIX,
@@ -67,6 +68,7 @@ from ...ir.symbolic import (
 )
 from ...options import Options
 from ...schedule import gpu as sched_gpu
+from ..inplace_updates import pointwise_updates
 from ..registry import sources_digest
 from . import loader
 from .analysis import BodyInfo, Unsupported, analyze
@@ -320,7 +322,7 @@ class TritonBackend:
         interpret, _ = self._interpret_target(graph)
         prog = TritonProgram(graph, device, cuda_graphs=options.cuda_graphs, interpret_mode=interpret)
         prog.bind_inputs()
-        prog.allocate(plan)
+        prog.allocate(plan, _in_place(graph, chosen) if options.inplace else {})
         dump = loader.dump_dir(options) if values is None else None
         uses_tma = False
         warm: dict[int, tuple[Any, KernelSource, list[torch.dtype]]] = {}
@@ -355,16 +357,29 @@ class TritonBackend:
         if uses_tma:
             _install_tma_allocator(device)
         if not interpret and values is None:  # (kernels for a range of sizes compile at their first launch)
-            failed, resources, note = _precompile(warm, options)
+            loaded: dict[int, Any] = {}
+            failed, resources, note = _precompile(warm, options, loaded)
             prog.notes["precompile"] = note
             for st in prog.steps:
                 if st.kind == "triton" and id(st.node) in resources:
                     st.resources = resources[id(st.node)]
+                if st.kind == "triton" and id(st.node) in loaded:
+                    st.launch = _direct_launcher(loaded[id(st.node)], st.launch, st.source)
             if failed:
                 self._fall_back(prog, failed)
         if dump is not None:
             (dump / "program.txt").write_text(prog.describe() + "\n")
         return prog
+
+
+def _in_place(graph: Graph, chosen: dict[int, Any]) -> dict[Value, Value]:
+    """Mutated inputs' new values that their generated pointwise kernels write into the input's
+    own buffer (output -> input; codegen/inplace_updates.py): an optimizer step's parameters and
+    moments are updated in place, with no fresh buffer and no copy at the write-back."""
+    inputs = {gi.value for gi in graph.inputs if gi.kind != "const"}
+    updates = pointwise_updates(graph, inputs, ("pointwise",))
+    return {o: x for i, n in enumerate(graph.nodes) if isinstance(chosen.get(i), tuple)
+            for o, x in updates.get(id(n), {}).items()}
 
 
 def _reduction_schedule(rows: Any, cols: Any, live: int, widest: int,
@@ -423,8 +438,28 @@ def _launcher(fn: Any, src: KernelSource, interpret: bool, values: dict | None =
     return lambda *args: launch(*args, *sizes, UPCAST=False, **opts)
 
 
+def _direct_launcher(compiled: Any, jit_launch: Callable[..., Any], src: KernelSource) -> Callable[..., Any]:
+    """A precompiled kernel launched through its binary's launcher (`CompiledKernel[grid]`, what
+    `JITFunction.run` ends in), without the JIT's per-call argument binding, specialization key
+    and cache lookup (~20-30 us a launch: most of a training step's host time at ~600 kernels).
+    `_precompile` compiled it for 16-byte-aligned pointers (Triton's default specialization of
+    a warmup); a call with any other tensor goes through `jit_launch`, which specializes anew."""
+    grid = tuple(src.grid) + (1,) * (3 - len(src.grid))
+    run = compiled[grid]
+
+    def launch(*args: Any) -> None:
+        for a in args:
+            if a.data_ptr() % 16:
+                return jit_launch(*args)
+        run(*args, False)  # (UPCAST, the last parameter: a constexpr the launcher skips)
+        return None
+
+    return launch
+
+
 def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
-                options: Options | dict[str, Any]) -> tuple[dict[int, str], dict[int, dict[str, Any]], dict[str, Any]]:
+                options: Options | dict[str, Any], loaded: dict[int, Any] | None = None,
+                ) -> tuple[dict[int, str], dict[int, dict[str, Any]], dict[str, Any]]:
     """Compile every new kernel of the program now, in parallel threads (Triton's compiler
     releases the GIL in its passes and runs ptxas as a subprocess), then load each binary
     (`CompiledKernel._init_handles`, what the first launch would do: it raises OutOfResources when
@@ -459,6 +494,8 @@ def _precompile(kernels: dict[int, tuple[Any, KernelSource, list[torch.dtype]]],
         if error is None:
             res, error = kernel_resources(compiled)
             resources[key] = res
+            if error is None and loaded is not None:
+                loaded[key] = compiled
         if error is not None:
             failed[key] = f"{src.title}: {error}"
     note.update(ran=True, failed=len(failed), seconds=round(time.perf_counter() - t0, 3))

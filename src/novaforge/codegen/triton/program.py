@@ -18,7 +18,9 @@ was loaded at build), and each step that runs through torch with its reason.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,10 +73,11 @@ class TritonProgram:
         self.input_kinds: list[str] = []
         self.fresh: list[tuple[int, tuple[int, ...], torch.dtype]] = []
         self.view_slots: set[int] = set()
-        self.arena: torch.Tensor | None = None  # (None while a per-call arena is not running)
+        self.arena: torch.Tensor | None = None  # (None for a program that runs in the shared arena)
         self.arena_bytes = 0
         self.arena_slots: set[int] = set()  # slots holding a view of the arena
-        self.arena_per_call = False  # allocate the arena at each call instead of once (see allocate)
+        self.arena_shared = False  # use the device's shared arena instead of an own one (see allocate)
+        self._shared: dict[tuple, SharedArena] = {}  # (device, stream) -> the shared arena this program used
         self._arena_views: list[tuple[int, int, torch.dtype, tuple[int, ...]]] = []  # slot, offset, dtype, shape
         self.notes: dict[str, Any] = {}  # build facts for info(): precompile, pre-transposed weights
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and self._graph_copies_pay(graph)
@@ -132,54 +135,72 @@ class TritonProgram:
             w["bytes"] += t.numel() * t.element_size()
         return cache[slot]
 
-    def allocate(self, plan: Any) -> None:
-        """Arena views for planned buffers; fresh (per call) outputs for everything else.
+    def allocate(self, plan: Any, in_place: dict[Value, Value] | None = None) -> None:
+        """Arena views for planned buffers; the input's own slot for a mutated input's new value
+        written in place (`in_place`: output -> input); fresh (per call) outputs for the rest.
 
-        A program that runs without a CUDA graph and plans more than ARENA_PER_CALL bytes takes
-        its arena from the allocator at each call and gives it back at the end (as eager frees
-        its temporaries): a training step's forward and backward programs then reuse one
-        another's memory instead of both holding theirs for the whole step (GPT-42M bf16 at
-        16 x 1024: ~1 GiB each). A graph's replay needs fixed addresses, so captured programs
-        keep theirs."""
+        A program that runs without a CUDA graph and plans more than SHARED_ARENA_OVER bytes has no
+        arena of its own: each call runs in the arena shared by such programs on its device and
+        stream (`SharedArena`, as large as the largest), as eager reuses freed memory: a training
+        step's forward and backward programs then use one arena, not one each for the whole step
+        (GPT-124M bf16 at 16 x 1024: 4.7 and 1.9 GiB). Calls on one stream run in order, so the
+        programs never overlap in it. A graph's replay needs fixed addresses: captured programs
+        keep their own."""
         offsets = getattr(plan, "offsets", {}) if plan is not None else {}
         arena_bytes = getattr(plan, "arena_bytes", 0) if plan is not None else 0
         self.arena_bytes = -(-max(arena_bytes, 1) // 8) * 8  # (a whole number of 8-byte elements)
-        self.arena_per_call = not self.use_graphs and arena_bytes > ARENA_PER_CALL
-        self.arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device)
+        self.arena_shared = not self.use_graphs and arena_bytes > SHARED_ARENA_OVER
+        # (a shared arena's slots hold placeholders, so the template still says which are planned)
+        self.arena = torch.empty(0 if self.arena_shared else self.arena_bytes, dtype=torch.uint8,
+                                 device=self.device)
         for n in self.graph.nodes:
             if n.op != "kernel":
                 continue
             for o in n.outputs:
+                if in_place and o in in_place:
+                    self.slot_of[o] = self.slot(in_place[o])
+                    continue
                 s = self.slot(o)
                 if o in offsets:
                     off, nbytes = offsets[o], o.type.nbytes
-                    buf = self.arena[off:off + nbytes].view(o.type.dtype) if nbytes else \
-                        torch.empty(0, dtype=o.type.dtype, device=self.device)
-                    self.template[s] = buf.view(o.type.shape)
+                    buf = self.arena[off:off + nbytes].view(o.type.dtype) if nbytes and not self.arena_shared \
+                        else torch.empty(0, dtype=o.type.dtype, device=self.device)
+                    self.template[s] = buf if self.arena_shared else buf.view(o.type.shape)
                     self.arena_slots.add(s)
                     if nbytes:
                         self._arena_views.append((s, off, o.type.dtype, tuple(o.type.shape)))
                 else:
                     self.fresh.append((s, o.type.shape, o.type.dtype))
-        if self.arena_per_call:  # (placeholders, so the template still says which slots are planned)
-            empty = torch.empty(0, dtype=torch.uint8, device=self.device)
-            for s, _, dtype, _ in self._arena_views:
-                self.template[s] = empty.view(dtype)
+        if self.arena_shared:
             self.arena = None
 
-    def _bind_arena(self, env: list[Any]) -> None:
-        """A per-call arena: one allocation, a view of it in each planned slot."""
-        arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device)
-        bases: dict[torch.dtype, torch.Tensor] = {}
-        for s, off, dtype, shape in self._arena_views:
-            base = bases.get(dtype)
-            if base is None:
-                base = bases[dtype] = arena.view(dtype)
-            size = dtype.itemsize
-            if off % size:  # (the plan aligns every buffer; keep exact for any that is not)
-                env[s] = arena[off:off + math.prod(shape) * size].view(dtype).view(shape)
-            else:
-                env[s] = base.as_strided(shape, contiguous_strides(shape), off // size)
+    def _shared_arena(self) -> SharedArena:
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        key = (str(self.device), stream)
+        arena = self._shared.get(key)
+        if arena is None:
+            arena = self._shared[key] = SharedArena.of(key)
+        return arena
+
+    def _bind_arena(self, env: list[Any], shared: SharedArena) -> None:
+        """Views of the shared buffer in the planned slots (made again only when the buffer grew)."""
+        views = shared.views.get(self)
+        if views is None:
+            buf = shared.buffer(self.arena_bytes)
+            bases: dict[torch.dtype, torch.Tensor] = {}
+            views = []
+            for _, off, dtype, shape in self._arena_views:
+                base = bases.get(dtype)
+                if base is None:
+                    base = bases[dtype] = buf.view(dtype)
+                size = dtype.itemsize
+                if off % size:  # (the plan aligns every buffer; keep exact for any that is not)
+                    views.append(buf[off:off + math.prod(shape) * size].view(dtype).view(shape))
+                else:
+                    views.append(base.as_strided(shape, contiguous_strides(shape), off // size))
+            shared.views[self] = views
+        for (s, _, _, _), view in zip(self._arena_views, views, strict=True):
+            env[s] = view
 
     @property
     def kernels(self) -> list[Any]:
@@ -200,6 +221,13 @@ class TritonProgram:
         return self.run_eager(inputs)
 
     def run_eager(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.arena_shared:
+            return self._run(inputs)
+        shared = self._shared_arena()
+        with shared.lock:
+            return self._run(inputs, shared)
+
+    def _run(self, inputs: Sequence[torch.Tensor], shared: SharedArena | None = None) -> list[torch.Tensor]:
         if len(inputs) != len(self.input_slots):
             raise ValueError(f"program expects {len(self.input_slots)} inputs, got {len(inputs)}")
         env = list(self.template)
@@ -210,8 +238,8 @@ class TritonProgram:
             env[s] = x if x.is_contiguous() else x.contiguous()
             if env[s] is not x and x.numel():
                 copies.add(storage_ptr(env[s]))
-        if self.arena_per_call:
-            self._bind_arena(env)
+        if shared is not None:
+            self._bind_arena(env, shared)
         for s, shape, dtype in self.fresh:
             env[s] = torch.empty(shape, dtype=dtype, device=self.device)
         for st in self.steps:
@@ -245,7 +273,7 @@ class TritonProgram:
             "device": str(self.device),
             "launcher": "interpreter" if self.interpret_mode else "gpu",
             "calls": self.calls,
-            "arena": {"bytes": self.arena_bytes, "per_call": self.arena_per_call},
+            "arena": {"bytes": self.arena_bytes, "shared": self.arena_shared},
             "cuda_graphs": {"enabled": self.use_graphs, "captures": r.captures if r else 0,
                             "replays": r.replays if r else 0, "failed": r.failed if r else False},
             "kernels": kernels,
@@ -256,7 +284,7 @@ class TritonProgram:
     def describe(self) -> str:
         """One line per step: what runs, on which executor (the program's listing for dumps)."""
         lines = [f"# triton program on {self.device}: {len(self.steps)} steps, arena "
-                 f"{self.arena_bytes / 2**20:.2f} MiB{' per call' if self.arena_per_call else ''}, "
+                 f"{self.arena_bytes / 2**20:.2f} MiB{' (shared)' if self.arena_shared else ''}, "
                  f"cuda graphs {'on' if self.use_graphs else 'off'}"]
         for st in self.steps:
             if st.kind == "triton":
@@ -299,7 +327,41 @@ class TorchCuda:
 
 
 GRAPH_COPY_LIMIT = 256 << 20  # bytes of user inputs + outputs above which a program runs without a CUDA graph
-ARENA_PER_CALL = 64 << 20  # arena bytes above which a program without a CUDA graph allocates it per call
+SHARED_ARENA_OVER = 64 << 20  # arena bytes above which a program without a CUDA graph uses the shared arena
+
+
+class SharedArena:
+    """The arena that programs without a CUDA graph share on one device and stream: one buffer,
+    grown to the largest request, used by one program call at a time (`lock`). Programs hold
+    their SharedArena; the registry holds it weakly, so the buffer is freed with the last of
+    them. `views` keeps each program's views of the current buffer (dropped when it grows, so
+    no view keeps an old buffer alive)."""
+
+    _registry: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _registry_lock = threading.Lock()
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.lock = threading.Lock()
+        self._buf: torch.Tensor | None = None
+        self.views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, key: tuple) -> SharedArena:
+        with cls._registry_lock:
+            arena = cls._registry.get(key)
+            if arena is None:
+                arena = cls(key[0])
+                cls._registry[key] = arena
+            return arena
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A buffer of at least `nbytes` (call with `lock` held)."""
+        if self._buf is None or self._buf.numel() < nbytes:
+            self._buf = None  # (the old one back to the allocator before the larger one is taken)
+            self.views.clear()
+            self._buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._buf
 
 
 
