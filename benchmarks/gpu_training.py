@@ -7,7 +7,7 @@ Per runner: the first step's seconds (compile included, cold caches), the median
 timed steps (synchronized: a step as a training loop sees it), tokens/s, peak allocated memory
 (`torch.cuda.max_memory_allocated` over the timed steps, parameters and optimizer state
 included), the losses of the first steps against eager's (same weights, same batches), and one
-more step under torch.profiler (device time per kernel: the top 15 and the total).
+more step under torch.profiler (device time per kernel: the top 25 and the total).
 Precisions: "bf16" = bf16 autocast over float32 parameters (nanoGPT's recipe), "tf32" = float32
 with TF32 matmuls. A dry run (CPU, Triton interpreter) trains a one-layer, 32-wide GPT at 2 x 16 for 3 steps.
 """
@@ -155,7 +155,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
     return res
 
 
-def _profile_step(torch, step, batch, dry: bool, top: int = 15) -> dict[str, Any]:
+def _profile_step(torch, step, batch, dry: bool, top: int = 25) -> dict[str, Any]:
     """One more step under torch.profiler: device time per kernel name (the top `top` and the
     total), so a slow runner's time can be placed (attention, GEMMs, pointwise, copies)."""
     from torch.profiler import ProfilerActivity, profile
