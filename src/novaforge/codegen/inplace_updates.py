@@ -7,8 +7,8 @@ old value, and neither is returned, the kernel can write the input's buffer dire
 fresh buffer, no copy at the write-back (the caller sees the new value is its input and skips
 it). Invariant: `pointwise_updates` names only such kernels; a backend that uses it must load
 every element a lane reads before that lane stores (both backends' pointwise kernels do).
-Used by the CPU backend (pointwise kernels and matmul epilogues) and the Triton backend
-(pointwise kernels).
+Used by the CPU and the Triton backends
+(pointwise kernels and matmul epilogues).
 """
 
 from __future__ import annotations

@@ -35,11 +35,14 @@ class FakeCuda:
     def capture(self, fn):
         if self.fail_capture:
             raise RuntimeError("operation not permitted when stream is capturing")
-        outs = fn()
-        return (fn, outs), outs
+        outs = fn()  # (a real capture runs nothing: the first replay below is this run)
+        return [fn, outs, True], outs
 
     def replay(self, graph):
-        fn, outs = graph
+        fn, outs, captured_run = graph
+        if captured_run:
+            graph[2] = False
+            return
         for o, new in zip(outs, fn(), strict=True):
             o.copy_(new)
 
@@ -112,20 +115,56 @@ def test_cuda_graph_capture_failure_runs_eagerly():
         torch.testing.assert_close(runner.run(bind(x - 1))[0], m(x - 1), atol=1e-5, rtol=1e-5)
 
 
-def test_programs_with_large_inputs_and_outputs_run_without_cuda_graphs(monkeypatch):
-    """A replay copies user inputs into static buffers and clones outputs, keeping both: for a
-    training program (inputs and outputs are the saved activations) that took ~3x their memory
-    on the H200. Above GRAPH_COPY_LIMIT bytes a CUDA program runs without a graph, and says why."""
+def test_programs_with_large_copies_per_replay_run_without_cuda_graphs(monkeypatch):
+    """A replay copies moving user inputs into static buffers and clones outputs, keeping both:
+    for a training program (inputs and outputs are the saved activations) that took ~3x their
+    memory on the H200. When the bytes to copy exceed GRAPH_COPY_LIMIT at capture (the second
+    call, where moving inputs are known), the program runs without a graph, says why, and moves
+    a large arena to the shared one."""
     from novaforge.codegen.triton import program as tp
 
     m = Net()
-    prog, _ = _program_and_binding(m, torch.randn(5, 12))
-    small = tp.TritonProgram(prog.graph, "cuda")
-    assert small.use_graphs and "cuda_graphs_off" not in small.notes
+    prog, bind = _program_and_binding(m, torch.randn(5, 12))
     monkeypatch.setattr(tp, "GRAPH_COPY_LIMIT", 5 * 12 * 4)  # the input alone fills it; the output tips it over
-    big = tp.TritonProgram(prog.graph, "cuda")
-    assert not big.use_graphs and "copying them into and out of a graph" in big.notes["cuda_graphs_off"]
+    monkeypatch.setattr(tp, "SHARED_ARENA_OVER", 0)
+    runner = _CudaGraphRunner(prog, cuda=FakeCuda())
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5, 12)  # (a new batch each call: copied)
+            torch.testing.assert_close(runner.run(bind(x))[0], m(x), atol=1e-5, rtol=1e-5)
+    assert runner.failed and runner.captures == 0 and runner.static == {}
+    assert not prog.use_graphs and "to copy per replay" in prog.notes["cuda_graphs_off"]
+    assert prog.arena_shared and prog.arena is None
     assert not tp.TritonProgram(prog.graph, "cpu").use_graphs
+
+
+def test_graphs_read_inputs_at_stable_addresses_in_place_and_return_in_place_updates_as_the_input():
+    """A training step passes its parameters and optimizer state as arguments: the graph reads
+    those at the same address on the first two calls without copies, and returns a mutated input
+    updated in place as the input itself (the caller skips its write-back). An input that moves
+    later is copied from then on (one recapture), and results stay eager's."""
+    from nf_triton_testing import compiled as compile_fn
+
+    p0, m0, g = torch.randn(64), torch.randn(64), torch.randn(64)
+    c = compile_fn(AdamLike())
+    p, m = p0.clone(), m0.clone()
+    c(p, m, g)  # (builds the program)
+    prog = c.stats().program
+    runner = _CudaGraphRunner(prog, cuda=FakeCuda())
+    pe, me = p.clone(), m.clone()
+    for k in range(4):
+        gk = g * (k + 1) if k < 3 else g.clone()  # new gradients each call: a moving input
+        outs = runner.run([p, m, gk] if k < 3 else [p, m.clone(), gk])
+        want = AdamLike()(pe, me, gk)
+        if k == 3:
+            m = outs[2]  # (the moved m: its new value comes back as a fresh tensor)
+        torch.testing.assert_close(outs[0], want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(p, pe, atol=1e-6, rtol=1e-6)
+        if k == 1:
+            assert set(runner.static) == {2} and runner.stable == {0, 1}  # only g copied
+            assert outs[1] is p and outs[2] is m  # the in-place updates, not clones
+    assert runner.captures == 2 and 1 in runner.moved and 1 in runner.static
+    torch.testing.assert_close(m, me, atol=1e-6, rtol=1e-6)
 
 
 def test_gpu_launcher_passes_launch_options_and_no_upcast():
@@ -374,3 +413,41 @@ def test_precompiled_kernels_launch_through_their_binary_unless_a_pointer_is_una
     c = buf[1:17]
     launch(a, c)
     assert calls == [("binary", (7, 2, 1), (a, b, False)), ("jit", (a, c))]
+
+
+def test_compile_step_on_triton_updates_parameters_and_adam_state_in_place():
+    """`compile_step` on the Triton backend: every parameter and AdamW moment is written by its
+    kernel (the dW GEMM's epilogue for a weight) into its own buffer: no fresh output and no
+    write-back copy for any of them; parameters equal eager AdamW's after three steps."""
+    import copy
+
+    class Net2(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+        def forward(self, x, y):
+            return self.net(x)
+
+    torch.manual_seed(0)
+    a = Net2()
+    b = copy.deepcopy(a)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    step = __import__("novaforge").compile_step(a, oa, lambda out, x, y: ((out - y) ** 2).mean(), backend="triton")
+    for _ in range(3):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        got = step(x, y)
+        ob.zero_grad()
+        want = ((b(x, y) - y) ** 2).mean()
+        want.backward()
+        ob.step()
+        torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    (fn,) = step._compiled.values()
+    prog = fn.stats().program
+    inputs = set(prog.input_slots)
+    news = [prog.slot_of[new] for old, new in prog.graph.mutations if old.type.rank > 0]
+    assert len(news) == 3 * 4  # (four parameters, each with two moments)
+    assert all(s in inputs for s in news), "every parameter and moment is updated in its own buffer"
+    assert not {s for s, _, _ in prog.fresh} & set(news)

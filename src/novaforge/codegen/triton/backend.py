@@ -373,11 +373,12 @@ class TritonBackend:
 
 
 def _in_place(graph: Graph, chosen: dict[int, Any]) -> dict[Value, Value]:
-    """Mutated inputs' new values that their generated pointwise kernels write into the input's
-    own buffer (output -> input; codegen/inplace_updates.py): an optimizer step's parameters and
-    moments are updated in place, with no fresh buffer and no copy at the write-back."""
+    """Mutated inputs' new values that their generated pointwise kernels or matmul epilogues write
+    into the input's own buffer (output -> input; codegen/inplace_updates.py): an optimizer
+    step's parameters and moments are updated in place (a weight's update is its dW GEMM's
+    epilogue), with no fresh buffer and no copy at the write-back."""
     inputs = {gi.value for gi in graph.inputs if gi.kind != "const"}
-    updates = pointwise_updates(graph, inputs, ("pointwise",))
+    updates = pointwise_updates(graph, inputs, ("pointwise", "matmul"))
     return {o: x for i, n in enumerate(graph.nodes) if isinstance(chosen.get(i), tuple)
             for o, x in updates.get(id(n), {}).items()}
 

@@ -80,23 +80,31 @@ class TritonProgram:
         self._shared: dict[tuple, SharedArena] = {}  # (device, stream) -> the shared arena this program used
         self._arena_views: list[tuple[int, int, torch.dtype, tuple[int, ...]]] = []  # slot, offset, dtype, shape
         self.notes: dict[str, Any] = {}  # build facts for info(): precompile, pre-transposed weights
-        self.use_graphs = cuda_graphs and self.device.type == "cuda" and self._graph_copies_pay(graph)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self._graph_runner: _CudaGraphRunner | None = None
         self.calls = 0
 
-    def _graph_copies_pay(self, graph: Graph) -> bool:
-        """Replaying a graph copies every user input into a static buffer and clones every output,
-        and keeps both: a training program's inputs and outputs are the saved activations, so
-        the copies took ~3x their memory and more time than the launches they save (GPT-42M's
-        step on the H200: 19.6 GiB against torch.compile's 3.9). Programs whose user inputs
-        and outputs exceed GRAPH_COPY_LIMIT bytes run without a graph (info() says so)."""
-        moved = sum(hinted_bytes(gi.value) for gi in graph.inputs if gi.kind == "user")
-        moved += sum(hinted_bytes(v) for v in graph.outputs)
-        if moved > GRAPH_COPY_LIMIT:
-            self.notes["cuda_graphs_off"] = (f"user inputs and outputs of {moved / 2**20:.0f} MiB: copying them "
-                                             "into and out of a graph would cost more than its launches")
-            return False
-        return True
+    def stop_graphs(self, reason: str) -> None:
+        """Run without a CUDA graph from now on (`reason` goes to info()); a large arena moves to
+        the shared one (see allocate), since no graph needs its addresses any more."""
+        self.use_graphs = False
+        self.notes["cuda_graphs_off"] = reason
+        if self.arena is not None and self.arena_bytes > SHARED_ARENA_OVER:
+            self.arena_shared, self.arena = True, None
+            for s, _, dtype, _ in self._arena_views:
+                self.template[s] = torch.empty(0, dtype=dtype, device=self.device)
+
+    def inputs_written(self) -> set[int]:
+        """Positions of the inputs whose buffers kernels write (mutated inputs updated in place)."""
+        written = {o for st in self.steps for o in st.outs}
+        return {i for i, s in enumerate(self.input_slots) if s in written}
+
+    def output_bytes_copied(self) -> int:
+        """Bytes of the outputs a graph replay clones: all but the mutated inputs' new values
+        written in their inputs' own buffers (their slot is the input's)."""
+        inputs = set(self.input_slots)
+        return sum(hinted_bytes(v) for v in list(self.graph.outputs) + [new for _, new in self.graph.mutations]
+                   if self.slot_of.get(v) not in inputs)
 
     # -- construction (used by the backend) --------------------------------------------------
     def slot(self, v: Value) -> int:
@@ -371,7 +379,15 @@ def hinted_bytes(v: Value) -> int:
 
 
 class _CudaGraphRunner:
-    """Warm up once, capture on the second call, replay after (see the module invariant)."""
+    """Warm up once, capture on the second call, replay after (see the module invariant).
+
+    A user input at the same address on the first two calls (a training step's parameters and
+    optimizer state, passed as arguments) is read in place by the graph, not copied into a
+    static buffer; if it moves later, the graph is recaptured with that input copied from then
+    on. A mutated input updated in place by the program is returned as itself, not cloned. If
+    the bytes to copy per replay (moving inputs and cloned outputs) exceed GRAPH_COPY_LIMIT, the
+    program runs without a graph (a forward whose outputs are the saved activations: copying
+    them cost more memory and time than the launches it saves)."""
 
     def __init__(self, program: TritonProgram, cuda: Any = None) -> None:
         self.p = program
@@ -379,7 +395,10 @@ class _CudaGraphRunner:
         self.graph: Any = None
         self.static: dict[int, torch.Tensor] = {}
         self.ref_ptrs: dict[int, int] = {}
+        self.stable: set[int] = set()  # user inputs the graph reads in place (at their address)
         self.outputs: list[torch.Tensor] = []
+        self.first_ptrs: list[int] = []
+        self.moved: set[int] = set()  # user inputs seen at another address: copied
         self.failed = False
         self.warm = False
         self.captures = 0
@@ -390,50 +409,75 @@ class _CudaGraphRunner:
             return self.p.run_eager(inputs)
         if not self.warm:
             self.warm = True
+            self.first_ptrs = [x.data_ptr() for x in inputs]
             return self.p.run_eager(inputs)
         if self.graph is not None and not self._refs_moved(inputs):
             for i, buf in self.static.items():
                 buf.copy_(inputs[i])
             self.cuda.replay(self.graph)
             self.replays += 1
-            return self._fresh(self.outputs)
+            return self._fresh(self.outputs, inputs)
         return self._capture(inputs)
 
     def _refs_moved(self, inputs: Sequence[torch.Tensor]) -> bool:
-        return any(inputs[i].data_ptr() != p for i, p in self.ref_ptrs.items())
+        moved = [i for i, p in self.ref_ptrs.items() if inputs[i].data_ptr() != p
+                 or (i in self.stable and not inputs[i].is_contiguous())]
+        self.moved.update(i for i in moved if i in self.stable)
+        return bool(moved)
 
     def _capture(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         p = self.p
         self.graph = None
-        self.static = {i: x.contiguous().clone() for i, (x, kind) in enumerate(zip(inputs, p.input_kinds, strict=True))
-                       if kind == "user"}
+        user = [i for i, kind in enumerate(p.input_kinds) if kind == "user"]
+        stable = {i for i in user if i not in self.moved and inputs[i].is_contiguous() and inputs[i].numel()
+                  and inputs[i].data_ptr() == self.first_ptrs[i]}
+        copied = sum(inputs[i].numel() * inputs[i].element_size() for i in user if i not in stable)
+        copied += p.output_bytes_copied()
+        if copied > GRAPH_COPY_LIMIT:
+            self.failed = True
+            self.static, self.ref_ptrs, self.stable = {}, {}, set()
+            p.stop_graphs(f"{copied / 2**20:.0f} MiB of inputs and outputs to copy per replay: more than a "
+                          "graph's launches cost")
+            return p.run_eager(inputs)
+        self.static = {i: inputs[i].contiguous().clone() for i in user if i not in stable}
+        self.stable = stable  # (no reference kept: a replay runs only when the call's input is at that address)
         args = [self.static.get(i, x) for i, x in enumerate(inputs)]
         for i, kind in enumerate(p.input_kinds):
             if kind != "user" and not args[i].is_contiguous():  # a graph would copy them on every replay
                 self.failed = True
+                p.stop_graphs("a parameter is not contiguous")
                 return p.run_eager(inputs)
-        self.ref_ptrs = {i: args[i].data_ptr() for i, kind in enumerate(p.input_kinds) if kind != "user"}
-        self.cuda.run_on_side_stream(lambda: p.run_eager(args))
+        self.ref_ptrs = {i: args[i].data_ptr() for i, kind in enumerate(p.input_kinds)
+                         if kind != "user" or i in stable}
+        # the warm-up before a capture runs for real: inputs the program updates in place are
+        # given copies there, so this call updates them once (by the replay), not twice
+        written = p.inputs_written()
+        self.cuda.run_on_side_stream(lambda: p.run_eager([a.clone() if i in written else a
+                                                          for i, a in enumerate(args)]))
         try:
             g, outs = self.cuda.capture(lambda: p.run_eager(args))
         except Exception as e:  # a step that cannot be captured: run this program eagerly from now on
             self.failed = True
-            self.static, self.ref_ptrs = {}, {}  # (the static copies would stay allocated for nothing)
+            self.static, self.ref_ptrs, self.stable = {}, {}, set()  # (the copies would stay allocated for nothing)
             warnings.warn(f"novaforge: CUDA graph capture failed ({type(e).__name__}: {e}); running eagerly",
                           stacklevel=3)
             self.cuda.synchronize()
+            p.stop_graphs(f"capture failed: {type(e).__name__}")
             return p.run_eager(inputs)
         self.graph, self.outputs = g, outs
         self.captures += 1
         self.cuda.replay(g)
         self.replays += 1
-        return self._fresh(outs)
+        return self._fresh(outs, inputs)
 
-    def _fresh(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _fresh(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Copies of a replay's outputs; one that views a static input buffer (a view of an
-        input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous."""
+        input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous;
+        a stable input updated in place, the input itself."""
         static = {storage_ptr(b) for b in self.static.values()} - {0}
-        return [o.clone(memory_format=torch.contiguous_format) if storage_ptr(o) in static else o.clone()
+        held = {self.ref_ptrs[i]: i for i in self.stable}
+        return [inputs[held[o.data_ptr()]] if o.data_ptr() in held and o.shape == inputs[held[o.data_ptr()]].shape else
+                o.clone(memory_format=torch.contiguous_format) if storage_ptr(o) in static else o.clone()
                 for o in outs]
 
 

@@ -22,7 +22,7 @@ from ...schedule.gpu import MatmulSchedule, cdiv
 from .analysis import BodyInfo
 from .emit import BodyEmitter, Lane
 from .exprs import linear_offset, single_stride
-from .render import KernelSource, assemble, params, program_ids, wide_index
+from .render import KernelSource, assemble, params, program_ids, store_all, wide_index
 
 
 def batch_strides(layout: Strided, space: tuple[int, ...], nb: int) -> list[int]:
@@ -249,9 +249,7 @@ def _tile(em: BodyEmitter, info: BodyInfo, lay: MatmulLayout, sched: MatmulSched
             if nmask:
                 L(f"nmask = rn2 < {n}")
             em.preset(info.anchor.out, part, {"rm2", "rn2"})
-            for st in info.stores:
-                i, c, strides = st.buf, st.value, st.strides
-                em.store(outs[i], c, strides, info.outputs[i].dtype)
+            store_all(em, outs, [(st.buf, st.value, st.strides) for st in info.stores], info)
 
 
 def _split_columns(L, acc: str, bm: int, bn: int, pieces: int) -> list[str]:
