@@ -198,7 +198,8 @@ def _program_memory(torch) -> list[dict[str, Any]]:
                                          if gi.kind == "user") / mib, 1),
             "static_mib": round(sum(t.numel() * t.element_size() for t in runner.static.values()) / mib, 1)
             if runner else 0.0,
-            "graphs": info["cuda_graphs"], "steps": len(p.steps), "torch_steps": len(info["fallbacks"]),
+            "graphs": info["cuda_graphs"], "graphs_off": info.get("cuda_graphs_off", ""),
+            "steps": len(p.steps), "torch_steps": len(info["fallbacks"]),
             "calls": p.calls})
     return rows
 

@@ -119,3 +119,23 @@ def test_attrs_are_immutable_and_hashable():
     assert hash(a) == hash(Attrs(axes=(1, 2), keepdim=False))
     with pytest.raises(TypeError):
         a["x"] = 1  # type: ignore[index]
+
+
+def test_scalar_op_fills_on_its_device_without_a_host_copy(monkeypatch):
+    """The `scalar` op runs as a fill on its device: `torch.tensor(value, device=...)` copies from
+    host memory, which CUDA graph capture forbids (compile_step's capture on the H200 failed on
+    the scalars of an interpreted kernel body)."""
+    from novaforge.ir import OPS
+
+    real = torch.tensor
+
+    def no_device_tensor(*args, device=None, **kwargs):
+        assert device in (None, "cpu", torch.device("cpu")), "a host-to-device copy"
+        return real(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", no_device_tensor)
+    for dtype, value in ((torch.float32, 1.5), (torch.int64, -3), (torch.bool, True), (torch.bfloat16, 0.25)):
+        got = OPS["scalar"].impl([], {"value": value, "dtype": dtype, "device": "meta"})
+        assert got.shape == () and got.dtype == dtype and got.device.type == "meta"
+        cpu = OPS["scalar"].impl([], {"value": value, "dtype": dtype, "device": "cpu"})
+        assert cpu.item() == real(value, dtype=dtype).item()

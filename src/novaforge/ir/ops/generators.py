@@ -22,8 +22,10 @@ def _scalar_infer(ts, a):
     return [TensorType((), a["dtype"], a["device"])]
 
 
+# (a fill, not torch.tensor: that copies from host memory, which a CUDA graph capture forbids;
+# the H200's compile_step capture failed on it)
 scalar = define("scalar", 0, _scalar_infer,
-                lambda xs, a: torch.tensor(a["value"], dtype=a["dtype"], device=a["device"]),
+                lambda xs, a: torch.full((), a["value"], dtype=a["dtype"], device=a["device"]),
                 attrs={"value": REQUIRED, "dtype": REQUIRED, "device": "cpu"}, flags={"generator", "literal"},
                 flops=0, doc="a 0-d constant; codegen emits it as a literal", family=FAMILY)
 
