@@ -475,8 +475,13 @@ class _CudaGraphRunner:
         input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous;
         a stable input updated in place, the input itself."""
         static = {storage_ptr(b) for b in self.static.values()} - {0}
-        held = {self.ref_ptrs[i]: i for i in self.stable}
-        return [inputs[held[o.data_ptr()]] if o.data_ptr() in held and o.shape == inputs[held[o.data_ptr()]].shape else
+        held = {self.ref_ptrs[i]: inputs[i] for i in self.stable}
+
+        def same(o: torch.Tensor) -> torch.Tensor | None:
+            x = held.get(o.data_ptr())
+            return x if x is not None and (o.shape, o.stride(), o.dtype) == (x.shape, x.stride(), x.dtype) else None
+
+        return [x if (x := same(o)) is not None else
                 o.clone(memory_format=torch.contiguous_format) if storage_ptr(o) in static else o.clone()
                 for o in outs]
 
