@@ -15,6 +15,7 @@ with TF32 matmuls. A dry run (CPU, Triton interpreter) trains a one-layer, 32-wi
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import statistics
 import time
@@ -43,7 +44,9 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
         cfg, batch, seq, steps = CONFIGS[name], 16, 1024, 8
     warm = 2  # the first call compiles; the second captures CUDA graphs where a runner does
     data = _batches(torch, cfg, batch, seq, warm + steps, chk.dev)
-    res: dict[str, Any] = {"model": name, "precision": prec, "batch_x_seq": [batch, seq], "steps": steps}
+    extra = json.loads(getattr(chk.args, "nf_options", "") or "{}")  # (--nf-options: an A/B experiment)
+    res: dict[str, Any] = {"model": name, "precision": prec, "batch_x_seq": [batch, seq], "steps": steps,
+                           "nf_options": extra}
     eager_losses: list[float] = []
 
     def autocast():
@@ -70,7 +73,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
                     return out
 
                 nf_opts = {"backend": "triton"} if dry else {}
-                step_fn = novaforge.compile_step(model, opt, loss_fn, **nf_opts)
+                step_fn = novaforge.compile_step(model, opt, loss_fn, **nf_opts, **extra)
 
                 def step(x, y):
                     with autocast():
@@ -80,7 +83,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
                     fm = torch.compile(model)
                 elif runner == "novaforge":
                     fm = torch.compile(model, backend="novaforge",
-                                       options={"backend": "triton"} if dry else {})
+                                       options={**({"backend": "triton"} if dry else {}), **extra})
                 else:
                     fm = model
 
@@ -224,6 +227,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
         if "skipped" in case:
             lines.append(f"| {key} | skipped: {case['skipped']} | | | | | |")
             continue
+        if case.get("nf_options"):
+            lines.append(f"| {key} | novaforge options {json.dumps(case['nf_options'])} | | | | | |")
         for runner in RUNNERS:
             r = case.get(runner)
             if r is None:

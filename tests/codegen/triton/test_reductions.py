@@ -73,3 +73,24 @@ def test_cross_entropy_rows_are_computed_in_place():
     from nf_testing import cross_entropy_in_place_case
 
     cross_entropy_in_place_case("triton")
+
+
+def test_outer_axis_reductions_in_tiles_when_asked():
+    """`reduction_outer_tile` (experimental, off by default): a reduction over an outer axis (a
+    bias gradient: the sum over tokens of a [tokens, features] value, with ops before and after)
+    runs looped in [tile, tile] tiles of (kept, reduced) elements, coalesced along the kept axis;
+    results equal eager's, masks included (sizes not multiples of the tile). Row reductions keep
+    their schedule."""
+    opts = {"reduction_outer_tile": 16}
+    g = torch.randn(37, 50, dtype=torch.bfloat16)
+    x = torch.randn(37, 50)
+    c = check(lambda g, x: (g.float() * x).sum(0) * 0.5, g, x, atol=1e-4, rtol=1e-4, options=opts)
+    (k,) = [k for k in c.stats().program.kernels if k.kind == "reduction"]
+    assert "in0 + r + c * 50" in k.source  # (the kept axis along the tile's rows: contiguous)
+    assert (k.schedule.block_rows, k.schedule.block_cols, k.schedule.looped) == (16, 16, True)
+    assert k.grid == ((50 + 15) // 16,)
+    c = check(lambda x: x.sum(0), torch.randn(3, 8), options=opts)
+    assert c.stats().program.kernels[0].schedule.block_rows == 8  # (the kept axis rounded to its size)
+    row = check(lambda x: x.sum(-1), torch.randn(37, 50), options=opts)
+    assert row.stats().program.kernels[0].schedule.key() == check(lambda x: x.sum(-1), torch.randn(37, 50)
+                                                                  ).stats().program.kernels[0].schedule.key()
