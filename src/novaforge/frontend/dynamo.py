@@ -554,7 +554,7 @@ def partition_for(options: Mapping[str, Any]) -> dict[str, Any]:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any):
-        with functorch_config.patch(activation_memory_budget=float(min(budget, 1.0))):
+        with functorch_config.patch(activation_memory_budget=float(budget)):
             return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
     return {"partition_fn": partition}

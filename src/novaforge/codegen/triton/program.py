@@ -399,6 +399,7 @@ class _CudaGraphRunner:
         self.outputs: list[torch.Tensor] = []
         self.first_ptrs: list[int] = []
         self.moved: set[int] = set()  # user inputs seen at another address: copied
+        self.out_kinds: list[tuple[str, int]] = []  # per output: ("input", i) | ("contiguous", 0) | ("clone", 0)
         self.failed = False
         self.warm = False
         self.captures = 0
@@ -416,7 +417,7 @@ class _CudaGraphRunner:
                 buf.copy_(inputs[i])
             self.cuda.replay(self.graph)
             self.replays += 1
-            return self._fresh(self.outputs, inputs)
+            return self._fresh(inputs)
         return self._capture(inputs)
 
     def _refs_moved(self, inputs: Sequence[torch.Tensor]) -> bool:
@@ -434,19 +435,14 @@ class _CudaGraphRunner:
         copied = sum(inputs[i].numel() * inputs[i].element_size() for i in user if i not in stable)
         copied += p.output_bytes_copied()
         if copied > GRAPH_COPY_LIMIT:
-            self.failed = True
-            self.static, self.ref_ptrs, self.stable = {}, {}, set()
-            p.stop_graphs(f"{copied / 2**20:.0f} MiB of inputs and outputs to copy per replay: more than a "
-                          "graph's launches cost")
-            return p.run_eager(inputs)
+            return self._give_up(inputs, f"{copied / 2**20:.0f} MiB of inputs and outputs to copy per replay: "
+                                 "more than a graph's launches cost")
         self.static = {i: inputs[i].contiguous().clone() for i in user if i not in stable}
         self.stable = stable  # (no reference kept: a replay runs only when the call's input is at that address)
         args = [self.static.get(i, x) for i, x in enumerate(inputs)]
         for i, kind in enumerate(p.input_kinds):
             if kind != "user" and not args[i].is_contiguous():  # a graph would copy them on every replay
-                self.failed = True
-                p.stop_graphs("a parameter is not contiguous")
-                return p.run_eager(inputs)
+                return self._give_up(inputs, "a parameter is not contiguous")
         self.ref_ptrs = {i: args[i].data_ptr() for i, kind in enumerate(p.input_kinds)
                          if kind != "user" or i in stable}
         # the warm-up before a capture runs for real: inputs the program updates in place are
@@ -457,33 +453,41 @@ class _CudaGraphRunner:
         try:
             g, outs = self.cuda.capture(lambda: p.run_eager(args))
         except Exception as e:  # a step that cannot be captured: run this program eagerly from now on
-            self.failed = True
-            self.static, self.ref_ptrs, self.stable = {}, {}, set()  # (the copies would stay allocated for nothing)
             warnings.warn(f"novaforge: CUDA graph capture failed ({type(e).__name__}: {e}); running eagerly",
                           stacklevel=3)
             self.cuda.synchronize()
-            p.stop_graphs(f"capture failed: {type(e).__name__}")
-            return p.run_eager(inputs)
+            return self._give_up(inputs, f"capture failed: {type(e).__name__}")
         self.graph, self.outputs = g, outs
+        self.out_kinds = [self._out_kind(o, args) for o in outs]
         self.captures += 1
         self.cuda.replay(g)
         self.replays += 1
-        return self._fresh(outs, inputs)
+        return self._fresh(inputs)
 
-    def _fresh(self, outs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Copies of a replay's outputs; one that views a static input buffer (a view of an
-        input: eager's result there is a fresh tensor, contiguous where eager's is) contiguous;
-        a stable input updated in place, the input itself."""
+    def _give_up(self, inputs: Sequence[torch.Tensor], reason: str) -> list[torch.Tensor]:
+        """No graph for this program from now on (the static copies are released, not kept for nothing)."""
+        self.failed = True
+        self.static, self.ref_ptrs, self.stable = {}, {}, set()
+        self.p.stop_graphs(reason)
+        return self.p.run_eager(inputs)
+
+    def _out_kind(self, o: torch.Tensor, args: list[torch.Tensor]) -> tuple[str, int]:
+        """How a replay returns a captured output: a stable input updated in place (exactly its
+        layout), as the call's input itself; one that views a static input buffer (a view of an
+        input: eager's result there is a fresh tensor, contiguous where eager's is), a contiguous
+        copy; any other, a copy."""
+        for i in self.stable:
+            x = args[i]
+            if (o.data_ptr(), o.shape, o.stride(), o.dtype) == (x.data_ptr(), x.shape, x.stride(), x.dtype):
+                return ("input", i)
         static = {storage_ptr(b) for b in self.static.values()} - {0}
-        held = {self.ref_ptrs[i]: inputs[i] for i in self.stable}
+        return ("contiguous", 0) if storage_ptr(o) in static else ("clone", 0)
 
-        def same(o: torch.Tensor) -> torch.Tensor | None:
-            x = held.get(o.data_ptr())
-            return x if x is not None and (o.shape, o.stride(), o.dtype) == (x.shape, x.stride(), x.dtype) else None
-
-        return [x if (x := same(o)) is not None else
-                o.clone(memory_format=torch.contiguous_format) if storage_ptr(o) in static else o.clone()
-                for o in outs]
+    def _fresh(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A replay's outputs as `_out_kind` decided at the capture."""
+        return [inputs[i] if kind == "input" else o.clone(memory_format=torch.contiguous_format)
+                if kind == "contiguous" else o.clone()
+                for o, (kind, i) in zip(self.outputs, self.out_kinds, strict=True)]
 
 
 def own_copy_contiguous(t: torch.Tensor, copies: set[int]) -> torch.Tensor:
