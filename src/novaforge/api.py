@@ -464,7 +464,7 @@ def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[t
 
 
 AUTOMATIC_DYNAMIC_AFTER = 2  # programs of one input structure before a new size makes its dims dynamic
-SHARED_INSTANCES = 8  # sizes of shared programs kept instantiated per compiled callable (each holds its arena)
+SHARED_INSTANCES = 8  # sizes of shared programs kept instantiated per compiled callable (a large arena is shared)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:

@@ -78,7 +78,7 @@ TIERED_EAGER_CALLS = [0]  # calls of dynamic graphs run eagerly while their sign
 STATIC_PARTS = [0]  # static parts of dynamic graphs compiled for their eager tier (frontend/static_parts.py)
 SHARED_PROGRAMS = [0]  # dynamic graphs built once for all their sizes (one program for a range)
 SHARED_INSTANCES_MADE = [0]  # sizes a shared program was instantiated at (CpuProgram.at: no build)
-SHARED_INSTANCES = 8  # sizes of one shared program kept instantiated (each holds its arena)
+SHARED_INSTANCES = 8  # sizes of one shared program kept instantiated (a large arena is the process's shared one)
 _FALLBACK_LOCK = threading.Lock()
 FALLBACK_MODES = ("eager", "raise")
 

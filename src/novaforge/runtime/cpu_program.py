@@ -6,7 +6,10 @@ Built once by the CPU backend from the planned graph:
   to the library's entry points: constants and arena buffers (fixed addresses, written once),
   inputs and fresh outputs (rewritten at each call);
 * the arena: one uint8 tensor of the memory plan's size (plus scratch for library results),
-  allocated once per program and reused by every call;
+  allocated once per program and reused by every call; a program whose arena exceeds
+  SHARED_ARENA_OVER runs instead in the process's shared CPU arena (runtime/shared_arena.py), so
+  a training step's forward and backward, the sizes of a dynamic-shape program and the graphs
+  of a graph break hold one arena between them, not one each;
 * steps, run in order: `seg` calls one C entry point that runs a run of generated kernels back
   to back; `matmul` / `sdpa` call the library through precomputed strided views; `torch` runs
   a kernel body through the interpreter's torch ops and copies the result into its buffers.
@@ -18,7 +21,9 @@ slot array and runs the steps. Returns outputs then mutated inputs' new values, 
 `runtime.interpret.interpret`.
 
 Invariant: every slot pointer the library sees during a call addresses a live buffer of the
-slot's type; calls are serialized per program (one arena).
+slot's type; calls are serialized per program (one arena), and calls of programs in the shared
+arena are serialized among them (its lock). A program called from inside another's call on the
+same thread (the shared lock already held) runs that call in a private arena.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ..ir.types import TensorType
 from ..ir.views import Strided
 from .inplace_step import make_runner as make_inplace_runner
 from .interpret import prepare, storage_relative
+from .shared_arena import SharedArena
 from .state import storage_ptr
 
 
@@ -207,7 +213,8 @@ class SymbolicLayout:
     ..., 512, 640, 768, ...) and shared by every size in it: a buffer's size grows with the
     symbols, so a placement without overlaps at the bucket's top has none below it (checked
     per size; a size where it fails gets its own placement). The sizes of one bucket share its
-    arena and its lock (one call at a time uses the arena)."""
+    arena (the process's shared one when large: see CpuProgram) and its lock (one call at a time
+    uses the arena)."""
 
     plan: Any  # passes.plan_memory.MemoryPlan with symbolic sizes
     arena_values: dict[int, Any]  # arena slot -> the IR value its offset is planned for
@@ -264,6 +271,10 @@ class _Bucket:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+SHARED_ARENA_OVER = 16 << 20  # arena bytes above which a CPU program runs in the shared CPU arena
+CPU_ARENA_KEY = ("cpu", "cpp")  # (apart from the Triton backend's arena for a CPU device, its interpreter runs)
+
+
 def bucket_size(n: int) -> int:
     """`n` rounded up to a quarter octave (16 for n <= 16): 17 -> 20, 100 -> 112, 513 -> 640."""
     if n <= 16:
@@ -284,6 +295,8 @@ class CpuProgram:
         self.info = dict(info or {})
         self._arena_bytes = max(arena_bytes, 64)
         self.arena = torch.empty(0, dtype=torch.uint8)
+        # (the process's shared CPU arena for a large one; own arena otherwise)
+        self._shared: SharedArena | None = SharedArena.of(CPU_ARENA_KEY) if arena_bytes > SHARED_ARENA_OVER else None
         self._ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self._sizes = (ctypes.c_int64 * 1)()  # the symbols' values (programs for a range of sizes)
         self._env: list[torch.Tensor | None] = [None] * len(slots)
@@ -348,11 +361,15 @@ class CpuProgram:
                 setattr(prog, attr, getattr(self, attr))
         return prog
 
-    def _materialize(self) -> None:
-        """Allocate the arena and bind fixed slots (at the first call: a build may run under a
-        fake-tensor mode, e.g. inside torch.compile, where no real memory can be allocated)."""
+    def _materialize(self, arena: torch.Tensor | None = None) -> None:
+        """Allocate the arena (or use `arena`: the shared one, or a private one for a nested
+        call) and bind fixed slots (at the first call: a build may run under a fake-tensor mode,
+        e.g. inside torch.compile, where no real memory can be allocated)."""
         bucket = self._bucket
-        if bucket is None:
+        self._inputs, self._written, self._fresh = [], [], []
+        if arena is not None:
+            self.arena = arena
+        elif bucket is None:
             self.arena = torch.empty(self._arena_bytes, dtype=torch.uint8)
         else:  # the sizes of one bucket share an arena (grown to the largest scratch seen)
             if bucket.arena is None or bucket.arena.numel() < self._arena_bytes:
@@ -484,45 +501,82 @@ class CpuProgram:
 
         return run_torch
 
+    def release_arena(self) -> None:
+        """Drop every reference to the arena (the shared one grew, or a nested call's private
+        one is done): the next call binds the slots again."""
+        self._ready = False
+        self._runners = []
+        self.arena = torch.empty(0, dtype=torch.uint8)
+        for s, spec in enumerate(self.slots):
+            if spec.kind in ("arena", "scratch"):
+                self._env[s] = None
+
+    @property
+    def arena_shared(self) -> bool:
+        return self._shared is not None
+
     # ------------------------------------------------------------------------- call
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != self.n_inputs:
             raise TypeError(f"compiled program takes {self.n_inputs} inputs, got {len(inputs)}")
         with self._lock:
-            t_run = time.perf_counter()
-            if not self._ready:
-                self._materialize()
-            env, ptrs = self._env, self._ptrs
-            shared = self._shared_written_inputs(inputs) if self._written else ()
-            for s, i, ty in self._inputs:
-                t = inputs[i]
-                if not t.is_contiguous():
-                    t = t.contiguous()
-                elif i in shared:  # written in place but another input reads the same memory
-                    t = t.clone()
-                if t.dtype != ty.dtype or t.shape != ty.shape:
-                    raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
-                env[s] = t
-                ptrs[s] = t.data_ptr()
-            for s, ty in self._fresh:
-                t = torch.empty(ty.shape, dtype=ty.dtype)
-                env[s] = t
-                ptrs[s] = t.data_ptr()
-            if self.observer is None:
-                for r in self._runners:
-                    r()
-            else:
-                self.observer(self._runners, env)
-            if self._out_slots is not None:
-                result = [env[s] for s in self._out_slots]
-            else:
-                result = [self._output(o, inputs) for o in self.outputs]
-            for s, _, _ in self._inputs:
-                env[s] = None
-            for s, _ in self._fresh:
-                env[s] = None
-            self.calls += 1
-            self.run_s += time.perf_counter() - t_run
+            shared = self._shared
+            if shared is None:
+                return self._run(inputs)
+            if shared.held_here():  # called from inside another program's call: a private arena
+                self.release_arena()
+                try:
+                    self._materialize(torch.empty(self._arena_bytes, dtype=torch.uint8))
+                    return self._run(inputs)
+                finally:
+                    self.release_arena()
+            with shared.lock:
+                shared.owner = threading.get_ident()
+                try:
+                    buf = shared.buffer(self._arena_bytes)
+                    if not self._ready or self.arena is not buf:
+                        shared.users.add(self)
+                        self._materialize(buf)
+                    return self._run(inputs)
+                finally:
+                    shared.owner = None
+
+    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One call (the program's lock, and the shared arena's if it uses it, held)."""
+        t_run = time.perf_counter()
+        if not self._ready:
+            self._materialize()
+        env, ptrs = self._env, self._ptrs
+        shared = self._shared_written_inputs(inputs) if self._written else ()
+        for s, i, ty in self._inputs:
+            t = inputs[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+            elif i in shared:  # written in place but another input reads the same memory
+                t = t.clone()
+            if t.dtype != ty.dtype or t.shape != ty.shape:
+                raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
+            env[s] = t
+            ptrs[s] = t.data_ptr()
+        for s, ty in self._fresh:
+            t = torch.empty(ty.shape, dtype=ty.dtype)
+            env[s] = t
+            ptrs[s] = t.data_ptr()
+        if self.observer is None:
+            for r in self._runners:
+                r()
+        else:
+            self.observer(self._runners, env)
+        if self._out_slots is not None:
+            result = [env[s] for s in self._out_slots]
+        else:
+            result = [self._output(o, inputs) for o in self.outputs]
+        for s, _, _ in self._inputs:
+            env[s] = None
+        for s, _ in self._fresh:
+            env[s] = None
+        self.calls += 1
+        self.run_s += time.perf_counter() - t_run
         return result
 
     def _shared_written_inputs(self, inputs: Sequence[torch.Tensor]) -> set[int]:
@@ -584,5 +638,6 @@ class CpuProgram:
         kinds: dict[str, int] = {}
         for st in self.steps:
             kinds[st.kind] = kinds.get(st.kind, 0) + 1
-        return (f"CpuProgram: {len(self.slots)} slots, arena {self.arena.numel()} bytes, steps "
+        where = " (shared)" if self._shared is not None else ""
+        return (f"CpuProgram: {len(self.slots)} slots, arena {self._arena_bytes} bytes{where}, steps "
                 + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))

@@ -18,9 +18,7 @@ was loaded at build), and each step that runs through torch with its reason.
 from __future__ import annotations
 
 import math
-import threading
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -32,6 +30,7 @@ from ...ir import OPS, Graph, Value
 from ...ir.symbolic import hint
 from ...ir.types import contiguous_strides
 from ...runtime.interpret import interpret, storage_relative
+from ...runtime.shared_arena import SharedArena
 from ...runtime.state import storage_ptr
 
 
@@ -336,41 +335,6 @@ class TorchCuda:
 
 GRAPH_COPY_LIMIT = 256 << 20  # bytes of user inputs + outputs above which a program runs without a CUDA graph
 SHARED_ARENA_OVER = 64 << 20  # arena bytes above which a program without a CUDA graph uses the shared arena
-
-
-class SharedArena:
-    """The arena that programs without a CUDA graph share on one device and stream: one buffer,
-    grown to the largest request, used by one program call at a time (`lock`). Programs hold
-    their SharedArena; the registry holds it weakly, so the buffer is freed with the last of
-    them. `views` keeps each program's views of the current buffer (dropped when it grows, so
-    no view keeps an old buffer alive)."""
-
-    _registry: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-    _registry_lock = threading.Lock()
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-        self.lock = threading.Lock()
-        self._buf: torch.Tensor | None = None
-        self.views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, key: tuple) -> SharedArena:
-        with cls._registry_lock:
-            arena = cls._registry.get(key)
-            if arena is None:
-                arena = cls(key[0])
-                cls._registry[key] = arena
-            return arena
-
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        """A buffer of at least `nbytes` (call with `lock` held)."""
-        if self._buf is None or self._buf.numel() < nbytes:
-            self._buf = None  # (the old one back to the allocator before the larger one is taken)
-            self.views.clear()
-            self._buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._buf
-
 
 
 def hinted_bytes(v: Value) -> int:
