@@ -62,6 +62,7 @@ class Options:
     compile_threads: int | None = None  # default: min(16, CPU count)
     max_reduction_block: int | None = None  # test knob: cap a reduction's column block
     reduction_outer_tile: int = 0  # Triton, experimental: reductions over an outer axis in [N, N] tiles (0: off)
+    split_reductions: bool = True  # Triton: a long sum with few outputs runs as two sums (passes/split_reductions.py)
     matmul_tile: tuple[int, int] | None = None  # test knob: force (BLOCK_M, BLOCK_N)
     matmul_programs: int | None = None  # test knob: a persistent grid of this many programs
     matmul_subtile: int | None = None  # test knob: epilogue subtiles

@@ -67,6 +67,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
     from .fuse_attention import fuse_attention
     from .hoist_size_only import hoist_size_only
     from .remat import remat
+    from .split_reductions import split_reductions
 
     return [
         ("dce", dce),
@@ -78,6 +79,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
         ("fuse_attention", fuse_attention),
         ("hoist_size_only", hoist_size_only),  # (symbolic graphs only)
         ("remat", remat),
+        ("split_reductions", split_reductions),  # (Triton only)
         ("dce", dce),
     ]
 
