@@ -96,6 +96,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    + ",".join(f"{m}:{q}" for m, q in gpu_training.CASES) + ")")
     p.add_argument("--nf-options", default="", help="JSON object of novaforge options for the training runners "
                    "(A/B experiments, e.g. '{\"reduction_outer_tile\": 64}')")
+    p.add_argument("--ab-options", default="", help="JSON object of novaforge options for a second compile_step "
+                   "runner ('novaforge-step B', options over --nf-options) in the same process: an A/B in one run, "
+                   "e.g. '{\"split_reductions\": false}'")
     p.add_argument("--skip-models", action="store_true")
     p.add_argument("--skip-compile", action="store_true", help="do not run torch.compile")
     p.add_argument("--inject-fault", default="", help="tests: comma-separated PART:crash / PART:hang faults")
@@ -682,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
             env["TRITON_INTERPRET"] = "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", gname, "--t0", str(T0), "--out", str(out),
                "--budget", str(args.budget), "--parts", ",".join(todo), "--inject-fault", args.inject_fault,
-               "--training", args.training, "--nf-options", args.nf_options]
+               "--training", args.training, "--nf-options", args.nf_options, "--ab-options", args.ab_options]
         cmd += [flag for flag, on in (("--dry-run", args.dry_run), ("--skip-models", args.skip_models),
                                       ("--skip-compile", args.skip_compile)) if on]
         print(f"# group {gname}: {', '.join(todo)} (timeout {timeout:.0f} s, t={time.time() - T0:.0f} s)", flush=True)

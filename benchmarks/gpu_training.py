@@ -1,7 +1,9 @@
 """The training part of `gpu_check.py` (issue 11's H200 targets): nanoGPT-style GPT training steps
 (AdamW, batch 16 x 1024) on the device, runners in this order in one process: eager,
 torch.compile (Inductor), novaforge through `torch.compile(backend="novaforge")`, and
-`novaforge.compile_step` (forward, backward and AdamW in one program).
+`novaforge.compile_step` (forward, backward and AdamW in one program); with `--ab-options`, a fifth
+runner "novaforge-step B" compiles the step again with those options over `--nf-options` (an A/B
+in the same process, without a second eager and torch.compile).
 
 Per runner: the first step's seconds (compile included, cold caches), the median step time of the
 timed steps (synchronized: a step as a training loop sees it), tokens/s, peak allocated memory
@@ -24,6 +26,7 @@ from typing import Any
 
 CASES = [("gpt-42m", "bf16"), ("gpt-42m", "tf32"), ("gpt-124m", "bf16"), ("gpt-124m", "tf32")]
 RUNNERS = ("eager", "torch.compile", "novaforge", "novaforge-step")
+STEP_B = "novaforge-step B"  # compile_step again with --ab-options over --nf-options (an A/B in one run)
 
 
 def _batches(torch, cfg, batch: int, seq: int, n: int, dev: str):
@@ -45,8 +48,11 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
     warm = 2  # the first call compiles; the second captures CUDA graphs where a runner does
     data = _batches(torch, cfg, batch, seq, warm + steps, chk.dev)
     extra = json.loads(getattr(chk.args, "nf_options", "") or "{}")  # (--nf-options: an A/B experiment)
+    ab = json.loads(getattr(chk.args, "ab_options", "") or "{}")
+    if ab:
+        runners = tuple(runners) + (STEP_B,)
     res: dict[str, Any] = {"model": name, "precision": prec, "batch_x_seq": [batch, seq], "steps": steps,
-                           "nf_options": extra}
+                           "nf_options": extra, "ab_options": ab}
     eager_losses: list[float] = []
 
     def autocast():
@@ -68,12 +74,13 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
             model = GPT(cfg).to(chk.dev)
             fused = {} if dry else {"fused": True}
             opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **fused)
-            if runner == "novaforge-step":
+            if runner in ("novaforge-step", STEP_B):
                 def loss_fn(out, x, y):
                     return out
 
                 nf_opts = {"backend": "triton"} if dry else {}
-                step_fn = novaforge.compile_step(model, opt, loss_fn, **nf_opts, **extra)
+                step_fn = novaforge.compile_step(model, opt, loss_fn, **nf_opts,
+                                                 **({**extra, **ab} if runner == STEP_B else extra))
 
                 def step(x, y):
                     with autocast():
@@ -143,7 +150,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
             raise RuntimeError(f"device context lost: {chk.broken}")
     e, c = res.get("eager", {}), res.get("torch.compile", {})
     ratios: dict[str, Any] = {}
-    for runner in ("novaforge", "novaforge-step"):
+    for runner in ("novaforge", "novaforge-step", STEP_B):
         n = res.get(runner, {})
         if "step_s" not in n:
             continue
@@ -229,7 +236,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
             continue
         if case.get("nf_options"):
             lines.append(f"| {key} | novaforge options {json.dumps(case['nf_options'])} | | | | | |")
-        for runner in RUNNERS:
+        if case.get("ab_options"):
+            lines.append(f"| {key} | {STEP_B}: options {json.dumps(case['ab_options'])} over those | | | | | |")
+        for runner in (*RUNNERS, STEP_B):
             r = case.get(runner)
             if r is None:
                 continue
@@ -240,7 +249,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
             lines.append(f"| {key} | {runner} | {r['first_step_s']:.1f} | {r['step_s'] * 1e3:.2f} | "
                          f"{r['tokens_per_s']:,.0f} | {'-' if peak is None else f'{peak:.2f}'} | "
                          f"{r.get('max_rel_loss_diff', 0):.1e} |")
-        for runner in RUNNERS:
+        for runner in (*RUNNERS, STEP_B):
             prof = (case.get(runner) or {}).get("profile") or {}
             if prof.get("top"):
                 tops = "; ".join(f"{t['name'][:50]} {t['ms']:.2f} ms x{t['calls']}" for t in prof["top"][:6])

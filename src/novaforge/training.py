@@ -3,9 +3,9 @@
 Two entry points:
 
 * `TrainEntry` (used by `novaforge.compile(model)` for calls that need gradients): the call is
-  traced by AOTAutograd into a forward and a backward ATen graph (its default partitioner: the
-  backward keeps every forward value it reads, nothing is recomputed; below `memory_budget=1`
-  its min-cut partitioner with that activation budget, `frontend.dynamo.partition_for`); each graph goes
+  traced by AOTAutograd into a forward and a backward ATen graph (its min-cut partitioner, as
+  Inductor: the backward recomputes fusible pointwise values instead of keeping them; below
+  `memory_budget=1` with that activation budget, `frontend.dynamo.partition_for`); each graph goes
   through novaforge's pass pipeline and backend (`frontend.dynamo` compilers, the same as
   `torch.compile(backend="novaforge")`), and the call returns outputs differentiable through one
   `autograd.Function` around the two compiled programs: `loss.backward()` fills `.grad` of the

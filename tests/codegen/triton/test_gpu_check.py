@@ -97,3 +97,16 @@ def test_gpu_check_times_the_other_form_where_the_model_is_close():
          "torch_tflops": 400.0, "nf_rel_err": 1e-4, "torch_rel_err": 1e-4, "nf_schedule": "mm128x256"}],
         "summary": mod.mm_summary([{"dtype": "tf32", "nf_fallback": "x", "speedup": 1.0}])}}}, "total_s": 1})
     assert "FALLBACK to torch" in md and "fallback: mm: OutOfResources" in md and "(0 generated, 1 fallbacks" in md
+
+
+@pytest.mark.slow
+def test_gpu_check_ab_options_add_a_second_step_runner(tmp_path):
+    """`--ab-options`: compile_step a second time in the same process with those options (here the
+    split reductions off), reported as "novaforge-step B" with its losses, ratios and profile."""
+    proc, res = _run(tmp_path, "--parts", "training", "--ab-options", '{"split_reductions": false}')
+    (case,) = res["parts"]["training"]["result"].values()
+    assert case["ab_options"] == {"split_reductions": False}
+    a, b = case["novaforge-step"], case["novaforge-step B"]
+    assert len(a["losses"]) == len(b["losses"]) == len(case["eager"]["losses"])
+    assert b["max_rel_loss_diff"] < 1e-2 and "novaforge-step B tokens/s vs eager" in case["ratios"]
+    assert "| novaforge-step B |" in proc.stdout and '"split_reductions": false' in proc.stdout
