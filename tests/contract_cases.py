@@ -5,6 +5,8 @@ reassigned and updated parameters, and raises where eager raises."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import threading
 from unittest import mock
 
@@ -529,3 +531,28 @@ def check_mutation_from_another_mutated_input(backend: str) -> None:
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(a2, a)
         torch.testing.assert_close(b2, b)
+
+
+def check_autocast_modes(backend: str) -> None:
+    """A call under `torch.autocast` returns what eager returns there (bfloat16 results), a call
+    outside it float32 ones, in any order: the autocast mode is part of the program's key, so a
+    program traced in one mode is never reused in the other (it was: a float32 call after an
+    autocast one returned bfloat16). Each mode compiles once; gradients under autocast too."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    c = novaforge.compile(m, backend=backend)
+    x = torch.randn(3, 8)
+    for mode in ("autocast", "plain", "autocast", "plain"):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+        with torch.no_grad(), ctx:
+            got, want = c(x), m(x)
+        assert got.dtype == want.dtype, (mode, got.dtype, want.dtype)
+        tol = dict(atol=2e-2, rtol=2e-2) if mode == "autocast" else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, want, **tol)
+    assert c.compilations == 2
+    ref = copy.deepcopy(m)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        c(x).float().square().sum().backward()
+        ref(x).float().square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=5e-2, rtol=5e-2)

@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 
 from . import logs, settings
 from .frontend import pytrees
-from .frontend.capture import Captured, capture, has_meta_state
+from .frontend.capture import Captured, autocast_modes, capture, has_meta_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .gc_pause import paused_gc
 from .ir import Graph
@@ -127,7 +127,7 @@ class CompiledModule:
         else:
             flat = pytrees.flatten((tuple(args), dict(kwargs)))
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
-        key = (spec_key, _signature(tensors), torch.is_grad_enabled())
+        key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes())
         if key[2] and self._trains(tensors):
             if key not in self._train_entries and self._sizes_vary_in_training(key):
                 return self._dynamic_trainer()(*args, **kwargs)
@@ -468,9 +468,9 @@ SHARED_INSTANCES = 8  # sizes of shared programs kept instantiated per compiled 
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:
-    """Are two call keys (spec, per-tensor signature, grad mode) the same but for sizes? Every
-    tensor keeps its rank, dtype, device, requires-grad and contiguity."""
-    if a[0] != b[0] or a[2] != b[2] or len(a[1]) != len(b[1]) or a[1] == b[1]:
+    """Are two call keys (spec, per-tensor signature, grad mode, autocast modes) the same but for
+    sizes? Every tensor keeps its rank, dtype, device, requires-grad and contiguity."""
+    if a[0] != b[0] or a[2:] != b[2:] or len(a[1]) != len(b[1]) or a[1] == b[1]:
         return False
     for x, y in zip(a[1], b[1], strict=True):
         if x[0] != "T" or y[0] != "T":

@@ -7,6 +7,7 @@ import pytest
 from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
+    check_autocast_modes,
     check_concurrent_first_calls,
     check_constant_output_not_shared,
     check_contiguous_view_of_a_transposed_result,
@@ -133,3 +134,8 @@ def test_views_of_an_unreturned_result_in_a_mutating_function(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mutation_from_another_mutated_input(backend):
     check_mutation_from_another_mutated_input(backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_autocast_mode_is_part_of_the_program_key(backend):
+    check_autocast_modes(backend)

@@ -174,6 +174,17 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
     return root
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_modes() -> tuple:
+    """The autocast modes a trace records ((device type, dtype) for each device where autocast is
+    on): a capture under `torch.autocast` holds its casts, so every key a program is kept under
+    (the compiled call's, a symbolic structure's, the graph cache's) includes these, and a call
+    in another mode gets its own program, as eager's results follow the mode of each call."""
+    return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
+
+
 def has_meta_state(module: Any) -> bool:
     """Whether a module's parameters or buffers live on the meta device (no data: compile only)."""
     if not isinstance(module, torch.nn.Module):

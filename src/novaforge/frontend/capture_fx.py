@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import logging
 import os
 import sys
 import threading
@@ -442,6 +443,22 @@ def _traced(exc: BaseException) -> BaseException:
     return exc
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """Fake-tensor mode logs every meta kernel that raises at ERROR, with its traceback, before
+    the exception reaches the capture (a user's call with mismatched shapes printed 20 lines of
+    torch internals above eager's error, which the compiled call then raises). The exception
+    itself is kept and reported; only that log is silenced while tracing (traces are serialized
+    by TRACING_LOCK, so the logger's level is not raced)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    old = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
 def _eager_error(traced, example: tuple) -> BaseException | None:
     """The exception eager raises on the example inputs (None if it runs them). Only called after
     tracing failed: it tells "eager rejects these inputs" (the compiled call raises the same error)
@@ -503,8 +520,9 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
         tracing[0] = True
         try:
-            return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
-                               symbolic=dynamic is not None)
+            with _quiet_fake_tensor_log():
+                return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
+                                   symbolic=dynamic is not None)
         finally:
             tracing[0] = False
 

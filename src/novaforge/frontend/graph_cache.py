@@ -56,6 +56,7 @@ from ..ir.serialize import (
 )
 from ..options import Options
 from . import pytrees
+from .capture import autocast_modes
 
 FORMAT = 1
 INLINE_CONST_BYTES = 4 << 20  # non-state constants up to this size are stored in the entry
@@ -188,7 +189,7 @@ def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, An
         parts = [f"novaforge-graph-{FORMAT}", _version(), torch.__version__, _transformers_version(),
                  f"freeze={freeze}", f"capture={Options.of(options).capture}",
                  f"random={Options.of(options).random}",
-                 f"grad={torch.is_grad_enabled()}", f"autocast={torch.is_autocast_enabled()}"]
+                 f"grad={torch.is_grad_enabled()}", f"autocast={autocast_modes()}"]
         parts += _module_parts(module)
         for t in flat.leaves:
             parts.append(f"I {list(t.shape)} {t.dtype} {t.device} {list(t.stride())} {t.requires_grad}")

@@ -30,7 +30,7 @@ import torch
 from .. import logs
 from ..ir.symbolic import is_symbolic
 from . import pytrees
-from .capture import Captured, capture
+from .capture import Captured, autocast_modes, capture
 from .dynamic import DimRanges, OutsideRange, dynamic_dims, specialize, symbol_values
 
 _log = logs.get_logger("runtime")
@@ -101,7 +101,7 @@ class SymbolicCaptures:
             return None
         if dims is None or not all(t.is_contiguous() for t in tensors):
             return None
-        key = (flat.spec.key, _structure(tensors, dims), torch.is_grad_enabled())
+        key = (flat.spec.key, _structure(tensors, dims), torch.is_grad_enabled(), autocast_modes())
         with self._lock:
             cap = self.captures.get(key)
             if cap is None:

@@ -7,6 +7,7 @@ import pytest
 from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
+    check_autocast_modes,
     check_constant_output_not_shared,
     check_contiguous_view_of_a_transposed_result,
     check_expanded_input_mutation,
@@ -81,3 +82,7 @@ def test_mutation_from_another_mutated_input():
 
 def test_views_of_an_unreturned_result_in_a_mutating_function():
     check_views_of_an_unreturned_result_in_a_mutating_function("triton")
+
+
+def test_autocast_mode_is_part_of_the_program_key():
+    check_autocast_modes("triton")
