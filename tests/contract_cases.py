@@ -556,3 +556,41 @@ def check_autocast_modes(backend: str) -> None:
         ref(x).float().square().sum().backward()
     for p, q in zip(m.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, atol=5e-2, rtol=5e-2)
+
+
+def check_module_modes(backend: str) -> None:
+    """`model.train()` / `model.eval()` after a compile, and hooks added or removed, are seen as
+    eager sees them (they were not: a program traced in eval mode kept running after
+    `train()`, without BatchNorm's batch statistics or its running-stat updates): the training
+    flags and hook counts are part of the program's key; each state compiles once."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+            return self.fc(h) * (2.0 if self.training else 1.0)
+
+    torch.manual_seed(0)
+    m = Net()
+    ref = copy.deepcopy(m)
+    c = novaforge.compile(m, backend=backend)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        for mode in ("eval", "train", "eval", "train"):
+            for mod in (m, ref):
+                mod.train(mode == "train")
+            torch.testing.assert_close(c(x), ref(x), atol=1e-4, rtol=1e-4, msg=mode)
+            torch.testing.assert_close(m.bn.running_mean, ref.bn.running_mean, atol=1e-5, rtol=1e-5, msg=mode)
+        assert c.compilations == 2
+        m.eval()
+        ref.eval()
+        handles = [mod.fc.register_forward_hook(lambda _m, _i, o: o * 3 + 1) for mod in (m, ref)]
+        torch.testing.assert_close(c(x), ref(x), atol=1e-4, rtol=1e-4, msg="hook added")
+        for h in handles:
+            h.remove()
+        torch.testing.assert_close(c(x), ref(x), atol=1e-4, rtol=1e-4, msg="hook removed")

@@ -248,6 +248,40 @@ def test_training_mode_batchnorm_buffers_are_updated():
     torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, atol=1e-5, rtol=1e-4)
 
 
+def test_train_and_eval_modes_switched_after_the_compile():
+    """`model.eval()` after training steps (evaluation with gradients, or a step in eval mode)
+    and `model.train()` again: both entry points follow the mode as eager does (BatchNorm's
+    running statistics used, not updated, in eval mode), one program per mode."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(144, 2))
+    ref = copy.deepcopy(m)
+    c = novaforge.compile(m)
+    x = torch.randn(4, 3, 8, 8)
+    for mode in ("train", "eval", "train"):
+        for mod in (m, ref):
+            mod.train(mode == "train")
+            mod.zero_grad()
+        c(x).sum().backward()
+        ref(x).sum().backward()
+        torch.testing.assert_close(m[1].running_mean, ref[1].running_mean, msg=mode)
+        torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, atol=1e-5, rtol=1e-4, msg=mode)
+    s, sref = copy.deepcopy(ref), copy.deepcopy(ref)
+    opt, opt_ref = torch.optim.SGD(s.parameters(), lr=0.1), torch.optim.SGD(sref.parameters(), lr=0.1)
+    step = novaforge.compile_step(s, opt, lambda out, x: out.square().mean())
+    for mode in ("train", "eval", "train"):
+        for mod in (s, sref):
+            mod.train(mode == "train")
+        got = step(x)
+        opt_ref.zero_grad()
+        want = sref(x).square().mean()
+        want.backward()
+        opt_ref.step()
+        torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5, msg=mode)
+        torch.testing.assert_close(s[1].running_mean, sref[1].running_mean, msg=mode)
+    assert len(step._compiled) == 2
+
+
 def test_concurrent_first_calls_with_gradients():
     # two threads, two signatures: each traces its forward/backward (AOTAutograd tracing is not
     # thread-safe, so traces take turns); results and gradients as eager's

@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 
 from . import logs, settings
 from .frontend import pytrees
-from .frontend.capture import Captured, autocast_modes, capture, has_meta_state
+from .frontend.capture import Captured, ModuleModes, autocast_modes, capture, has_meta_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .gc_pause import paused_gc
 from .ir import Graph
@@ -84,6 +84,7 @@ class CompiledModule:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.fn = fn
+        self._modes = ModuleModes(fn)  # training flags and hooks: part of every call's key
         self.freeze = freeze
         self.options = Options.of(options)  # validated: an unknown option raises here
         self._dynamic_arg = dynamic
@@ -127,7 +128,7 @@ class CompiledModule:
         else:
             flat = pytrees.flatten((tuple(args), dict(kwargs)))
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
-        key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes())
+        key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes(), self._modes.key())
         if key[2] and self._trains(tensors):
             if key not in self._train_entries and self._sizes_vary_in_training(key):
                 return self._dynamic_trainer()(*args, **kwargs)
@@ -468,8 +469,8 @@ SHARED_INSTANCES = 8  # sizes of shared programs kept instantiated per compiled 
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:
-    """Are two call keys (spec, per-tensor signature, grad mode, autocast modes) the same but for
-    sizes? Every tensor keeps its rank, dtype, device, requires-grad and contiguity."""
+    """Are two call keys (spec, per-tensor signature, grad mode, autocast and module modes) the same
+    but for sizes? Every tensor keeps its rank, dtype, device, requires-grad and contiguity."""
     if a[0] != b[0] or a[2:] != b[2:] or len(a[1]) != len(b[1]) or a[1] == b[1]:
         return False
     for x, y in zip(a[1], b[1], strict=True):

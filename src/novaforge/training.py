@@ -16,7 +16,8 @@ Two entry points:
   Adam, SGD with momentum, Nesterov and weight decay; `maximize`) as ONE graph, so the passes
   optimize forward, backward and update together (common subexpressions, fusion across the boundary) and the
   whole step is one program. Parameters, optimizer state (`exp_avg`, `exp_avg_sq`, `step`,
-  `momentum_buffer`) and buffers are graph inputs updated in place at the boundary; the
+  `momentum_buffer`) and the buffers the forward updates (norm layers' running statistics in
+  training mode; other buffers are constants) are graph inputs updated in place at the boundary; the
   optimizer's `state_dict()` stays valid both ways (state is created eagerly in torch's own
   format and loaded states are used as they are). The learning rates (one per parameter group)
   are a run-time input (an LR scheduler needs no recompile); other hyperparameters are part of
@@ -24,7 +25,8 @@ Two entry points:
   post-hooks and sets the flag LR schedulers check; step pre-hooks are refused (they may change
   gradients the program keeps to itself).
   Gradient accumulation (`accumulate=k`): k-1 calls add into gradient buffers, the k-th also
-  updates and clears them.
+  updates and clears them. `model.train()` / `model.eval()` and hooks added later select a
+  program per state (`ModuleModes`), as for `novaforge.compile`.
 
 Invariant: a compiled step computes exactly what eager's `loss.backward(); optimizer.step()`
 computes (torch's single-tensor formulas, in the same order), up to float rounding; the tests
@@ -40,7 +42,7 @@ from typing import Any
 import torch
 
 from .frontend import pytrees
-from .frontend.capture import TRACING_LOCK, shadow_module
+from .frontend.capture import TRACING_LOCK, ModuleModes, shadow_module
 from .frontend.capture_fx import tracing_flags
 from .frontend.lower import COMPOSITES
 from .gc_pause import paused_gc
@@ -249,6 +251,7 @@ class CompiledStep:
         self.accumulate, self.clip = accumulate, clip_grad_norm
         self.backend, self.options = backend, options
         self.calls = 0
+        self._modes = ModuleModes(model)  # (model.eval() / hooks: a program per state, as for novaforge.compile)
         self._compiled: dict[tuple, Any] = {}
         self._grad_bufs: list[torch.Tensor] | None = None
         self._lock = threading.RLock()
@@ -256,16 +259,17 @@ class CompiledStep:
     # the traced function: everything the step reads is an argument, everything it writes is
     # updated in place (and so becomes a write-back at the boundary)
     def _step_fn(self, names: list[str], hypers: list[tuple], group_ids: list[int], update: bool,
-                 n_state: list[int]):
+                 n_state: list[int], bnames: tuple[str, ...] = ()):
         model, loss_fn, kind, clip = self.model, self.loss_fn, self.kind, self.clip
         shadow = shadow_module(model)
         accumulate = self.accumulate
 
         def step(params: list[torch.Tensor], states: list[torch.Tensor], grad_bufs: list[torch.Tensor],
-                 lrs: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+                 buffers: list[torch.Tensor], lrs: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
             with torch.enable_grad():
                 leaves = [p.detach().requires_grad_(True) for p in params]  # the params are inputs
-                state = dict(zip(names, leaves, strict=True))
+                # (buffers the forward updates are inputs too: their updates are write-backs)
+                state = {**dict(zip(names, leaves, strict=True)), **dict(zip(bnames, buffers, strict=True))}
                 out = torch.func.functional_call(shadow, state, args, kwargs, tie_weights=True, strict=False)
                 loss = _loss(loss_fn, out, args, kwargs)
                 grads = torch.autograd.grad(loss, leaves)
@@ -297,10 +301,12 @@ class CompiledStep:
         n_p, n_s = len(names), sum(n_state)
         n_g = n_p if accumulate > 1 else 0
 
+        n_b = len(bnames)
+
         def flat_step(*xs: Any, **kwargs: Any) -> torch.Tensor:
             i = n_p + n_s + n_g
-            return step(list(xs[:n_p]), list(xs[n_p:n_p + n_s]), list(xs[n_p + n_s:i]), xs[i], tuple(xs[i + 1:]),
-                        kwargs)
+            return step(list(xs[:n_p]), list(xs[n_p:n_p + n_s]), list(xs[n_p + n_s:i]), list(xs[i:i + n_b]),
+                        xs[i + n_b], tuple(xs[i + n_b + 1:]), kwargs)
 
         return flat_step
 
@@ -326,15 +332,16 @@ class CompiledStep:
                                           "gradients, which live inside the compiled step); step it in eager")
             if self.accumulate > 1 and self._grad_bufs is None:
                 self._grad_bufs = [torch.zeros_like(p) for p in params]
-            key = (tuple(names), tuple(hypers), tuple(group_ids), update)
+            bnames, buffers = _updated_buffers(self.model)
+            key = (tuple(names), tuple(hypers), tuple(group_ids), update, self._modes.key(), bnames)
             fn = self._compiled.get(key)
             if fn is None:
-                step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states])
+                step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states], bnames)
                 fn = novaforge.compile(step, backend=self.backend, **self.options)
                 self._compiled[key] = fn
             flat_states = [t for s in states for t in s]
             with torch.no_grad():  # the program computes the gradients itself
-                loss = fn(*params, *flat_states, *(self._grad_bufs or []), lrs, *args, **kwargs)
+                loss = fn(*params, *flat_states, *(self._grad_bufs or []), *buffers, lrs, *args, **kwargs)
             if update:  # what eager's optimizer.step() also does: post-hooks, and the flag LR schedulers check
                 opt._opt_called = True  # type: ignore[attr-defined]
                 for hook in post_hooks:
@@ -344,6 +351,23 @@ class CompiledStep:
     @property
     def compilations(self) -> int:
         return sum(c.compilations for c in self._compiled.values())
+
+
+def _updated_buffers(model: torch.nn.Module) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    """The buffers a training forward updates in place: the running statistics of norm layers in
+    training mode (BatchNorm, InstanceNorm with `track_running_stats`). The step takes them as
+    inputs, so their updates are write-backs into the model's buffers (as constants they could
+    not be updated: a BatchNorm model's step failed to capture). Other buffers stay constants the
+    passes fold (causal masks, rotary tables)."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    names, tensors = [], []
+    for prefix, m in model.named_modules():
+        if isinstance(m, _NormBase) and m.training and m.track_running_stats:
+            for name, b in m.named_buffers(recurse=False):
+                names.append(f"{prefix}.{name}" if prefix else name)
+                tensors.append(b)
+    return tuple(names), tensors
 
 
 def _loss(loss_fn: Callable[..., Any] | None, out: Any, args: tuple, kwargs: dict) -> torch.Tensor:

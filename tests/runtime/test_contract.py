@@ -19,6 +19,7 @@ from contract_cases import (
     check_input_mutation,
     check_inputs_sharing_memory,
     check_integer_pow,
+    check_module_modes,
     check_mutated_input_then_contiguous,
     check_mutation_from_another_mutated_input,
     check_parameters_seen,
@@ -139,3 +140,8 @@ def test_mutation_from_another_mutated_input(backend):
 @pytest.mark.parametrize("backend", ["cpu", "interpret"])
 def test_autocast_mode_is_part_of_the_program_key(backend):
     check_autocast_modes(backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_training_flags_and_hooks_are_part_of_the_program_key(backend):
+    check_module_modes(backend)

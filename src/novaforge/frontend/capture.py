@@ -185,6 +185,32 @@ def autocast_modes() -> tuple:
     return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
 
 
+class ModuleModes:
+    """The state of a module tree that a trace depends on besides its tensors: every submodule's
+    training flag (dropout, BatchNorm, `if self.training` in a forward) and the number of hooks
+    (module and global forward, forward-pre and backward hooks run inside the traced call). Like
+    `autocast_modes`, `key()` is part of the keys programs are kept under, so `model.eval()` or
+    `model.train()` after a compile, or a hook added or removed, gets the program of that state
+    (compiled once per state) instead of reusing another's. The submodules are listed at
+    construction; one swapped for a new one later is seen through its parameters (StateBinding)
+    or not at all if it has none (a known gap, as plain attributes changed after the compile)."""
+
+    _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+    def __init__(self, fn: Any) -> None:
+        self.modules = [m for _, m in fn.named_modules()] if isinstance(fn, torch.nn.Module) else []
+
+    def key(self) -> tuple:
+        if not self.modules:
+            return ()
+        from torch.nn.modules import module as nn_module
+
+        hooks = sum(len(getattr(m, h)) for m in self.modules for h in self._HOOKS)
+        hooks += (len(nn_module._global_forward_hooks) + len(nn_module._global_forward_pre_hooks)
+                  + len(nn_module._global_backward_hooks) + len(nn_module._global_backward_pre_hooks))
+        return tuple(m.training for m in self.modules), hooks
+
+
 def has_meta_state(module: Any) -> bool:
     """Whether a module's parameters or buffers live on the meta device (no data: compile only)."""
     if not isinstance(module, torch.nn.Module):

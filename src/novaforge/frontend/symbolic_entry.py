@@ -30,7 +30,7 @@ import torch
 from .. import logs
 from ..ir.symbolic import is_symbolic
 from . import pytrees
-from .capture import Captured, autocast_modes, capture
+from .capture import Captured, ModuleModes, autocast_modes, capture
 from .dynamic import DimRanges, OutsideRange, dynamic_dims, specialize, symbol_values
 
 _log = logs.get_logger("runtime")
@@ -56,6 +56,7 @@ class SymbolicCaptures:
         if not (option is True or isinstance(option, Mapping)):
             raise ValueError(f"dynamic must be True, False or {{argument: {{dim: (lo, hi)}}}}, got {option!r}")
         self.fn = fn
+        self.modes = ModuleModes(fn)  # (training flags and hooks: part of the structure key)
         self.option = option
         self.freeze = freeze
         self.random = random  # how random ATen ops lower (ir/ops/random.py)
@@ -101,7 +102,7 @@ class SymbolicCaptures:
             return None
         if dims is None or not all(t.is_contiguous() for t in tensors):
             return None
-        key = (flat.spec.key, _structure(tensors, dims), torch.is_grad_enabled(), autocast_modes())
+        key = (flat.spec.key, _structure(tensors, dims), torch.is_grad_enabled(), autocast_modes(), self.modes.key())
         with self._lock:
             cap = self.captures.get(key)
             if cap is None:

@@ -14,6 +14,7 @@ from contract_cases import (
     check_input_mutation,
     check_inputs_sharing_memory,
     check_integer_pow,
+    check_module_modes,
     check_mutated_input_then_contiguous,
     check_mutation_from_another_mutated_input,
     check_parameters_seen,
@@ -86,3 +87,7 @@ def test_views_of_an_unreturned_result_in_a_mutating_function():
 
 def test_autocast_mode_is_part_of_the_program_key():
     check_autocast_modes("triton")
+
+
+def test_training_flags_and_hooks_are_part_of_the_program_key():
+    check_module_modes("triton")
