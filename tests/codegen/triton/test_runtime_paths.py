@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -451,3 +452,71 @@ def test_compile_step_on_triton_updates_parameters_and_adam_state_in_place():
     assert len(news) == 3 * 4  # (four parameters, each with two moments)
     assert all(s in inputs for s in news), "every parameter and moment is updated in its own buffer"
     assert not {s for s, _, _ in prog.fresh} & set(news)
+
+
+class StrictCapture(FakeCuda):
+    """A capture that refuses what a CUDA graph capture refuses: a tensor made from Python data
+    (`torch.tensor` / `torch.as_tensor`: a host-to-device copy on a GPU) and a value read back to
+    the host (`.item()`, `.tolist()`). Stop 37's first H200 capture of a training step failed on
+    the `scalar` op's torch.tensor; this finds such a step on the CPU."""
+
+    def capture(self, fn):
+        refused = []
+
+        def refuse(name):
+            def call(*a, **k):
+                refused.append(name)
+                raise RuntimeError(f"{name} during CUDA graph capture")
+            return call
+
+        with mock.patch.object(torch, "tensor", refuse("torch.tensor")), \
+                mock.patch.object(torch, "as_tensor", refuse("torch.as_tensor")), \
+                mock.patch.object(torch.Tensor, "item", refuse("Tensor.item")), \
+                mock.patch.object(torch.Tensor, "tolist", refuse("Tensor.tolist")):
+            return super().capture(fn)
+
+
+def test_a_training_step_captures_without_host_copies():
+    """compile_step's whole program for a small GPT (embeddings, causal attention forward and
+    backward, LayerNorm, GELU, cross-entropy, AdamW) goes through the graph runner's warm-up,
+    capture and replays under StrictCapture (nothing refused), and trains as eager AdamW does."""
+    import copy
+
+    import novaforge
+    from novaforge.bench.nanogpt import GPT, GPTConfig
+    from novaforge.codegen.triton.program import TritonProgram
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+    ref = copy.deepcopy(model)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    batches = [(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))) for _ in range(4)]
+    want = []
+    for x, y in batches:
+        opt_ref.zero_grad()
+        loss = ref(x, y)
+        loss.backward()
+        opt_ref.step()
+        want.append(loss.item())
+
+    step = novaforge.compile_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2), backend="triton")
+    seen = []
+    real_run = TritonProgram.run
+    with mock.patch.object(TritonProgram, "run", lambda self, ins: seen.append(list(ins)) or real_run(self, ins)):
+        got = [float(step(*batches[0]))]  # (builds the program; records its inputs)
+    (fn,) = step._compiled.values()
+    prog = fn.stats().program
+    cuda = StrictCapture()
+    runner = _CudaGraphRunner(prog, cuda=cuda)
+    user = [gi.value for gi in prog.graph.inputs if gi.kind != "const"]
+    for x, y in batches[1:]:  # warm-up, capture, replay
+        ins = seen[0][:-2] + [x, y]
+        with torch.no_grad():  # (as the compiled step runs)
+            outs = runner.run(ins)
+            for (old, _), new in zip(prog.graph.mutations, outs[len(prog.graph.outputs):], strict=True):
+                target = ins[user.index(old)]
+                if new is not target:  # (a value not written in place: the caller's write-back)
+                    target.copy_(new)
+        got.append(float(outs[0]))
+    assert runner.captures == 1, prog.notes
+    assert got == pytest.approx(want, rel=1e-4)
