@@ -520,3 +520,32 @@ def test_a_training_step_captures_without_host_copies():
         got.append(float(outs[0]))
     assert runner.captures == 1, prog.notes
     assert got == pytest.approx(want, rel=1e-4)
+
+
+def test_forward_and_backward_programs_capture_without_host_copies():
+    """`torch.compile(model, backend="novaforge")` on Triton: its forward and backward programs
+    (AOTAutograd's two graphs of a small GPT) each capture under StrictCapture (nothing refused)
+    and replay to the results of their runs without a graph."""
+    from novaforge.bench.nanogpt import GPT, GPTConfig
+    from novaforge.codegen.triton.program import TritonProgram
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+    compiled = torch.compile(model, backend="novaforge", options={"backend": "triton"})
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    seen = {}
+    real_run = TritonProgram.run
+    with mock.patch.object(TritonProgram, "run",
+                           lambda self, ins: seen.setdefault(id(self), (self, list(ins))) and real_run(self, ins)):
+        compiled(x, y).backward()
+    torch._dynamo.reset()
+    assert len(seen) == 2, len(seen)
+    for prog, ins in seen.values():
+        with torch.no_grad():
+            want = prog.run_eager(ins)
+            runner = _CudaGraphRunner(prog, cuda=StrictCapture())
+            for _ in range(3):  # warm-up, capture, replay
+                got = runner.run(ins)
+        assert runner.captures == 1, prog.notes
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
