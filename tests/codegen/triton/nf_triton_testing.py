@@ -53,3 +53,26 @@ def _flat(x):
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def step_like_eager_adamw(model: torch.nn.Module, batch: tuple[int, int, int], steps: int):
+    """`compile_step(model, AdamW)` on the Triton backend against eager AdamW on a copy, for a
+    model called as `model(x, y)` with the loss mean((out - y)^2) over random (rows, in, out)
+    batches: losses at every step and the final parameters equal. Returns the compiled step."""
+    import copy
+
+    rows, n_in, n_out = batch
+    ref = copy.deepcopy(model)
+    opt, opt_ref = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    step = novaforge.compile_step(model, opt, lambda out, x, y: ((out - y) ** 2).mean(), backend="triton")
+    for _ in range(steps):
+        x, y = torch.randn(rows, n_in), torch.randn(rows, n_out)
+        got = step(x, y)
+        opt_ref.zero_grad()
+        want = ((ref(x, y) - y) ** 2).mean()
+        want.backward()
+        opt_ref.step()
+        torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    return step

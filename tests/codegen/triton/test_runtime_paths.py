@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
-from nf_triton_testing import backend, compiled
+from nf_triton_testing import backend, compiled, step_like_eager_adamw
 
 from novaforge.codegen.triton import backend as be
 from novaforge.codegen.triton.program import _CudaGraphRunner
@@ -420,7 +420,6 @@ def test_compile_step_on_triton_updates_parameters_and_adam_state_in_place():
     """`compile_step` on the Triton backend: every parameter and AdamW moment is written by its
     kernel (the dW GEMM's epilogue for a weight) into its own buffer: no fresh output and no
     write-back copy for any of them; parameters equal eager AdamW's after three steps."""
-    import copy
 
     class Net2(torch.nn.Module):
         def __init__(self) -> None:
@@ -431,20 +430,7 @@ def test_compile_step_on_triton_updates_parameters_and_adam_state_in_place():
             return self.net(x)
 
     torch.manual_seed(0)
-    a = Net2()
-    b = copy.deepcopy(a)
-    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
-    step = __import__("novaforge").compile_step(a, oa, lambda out, x, y: ((out - y) ** 2).mean(), backend="triton")
-    for _ in range(3):
-        x, y = torch.randn(8, 16), torch.randn(8, 4)
-        got = step(x, y)
-        ob.zero_grad()
-        want = ((b(x, y) - y) ** 2).mean()
-        want.backward()
-        ob.step()
-        torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
-    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    step = step_like_eager_adamw(Net2(), (8, 16, 4), steps=3)
     (fn,) = step._compiled.values()
     prog = fn.stats().program
     inputs = set(prog.input_slots)

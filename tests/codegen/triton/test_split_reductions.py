@@ -4,12 +4,11 @@ their partials in float32, and the sums the pass must leave alone are left whole
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
-from nf_triton_testing import check
+from nf_triton_testing import check, step_like_eager_adamw
 
 import novaforge
 from novaforge.passes import split_reductions as sr
@@ -124,20 +123,7 @@ def test_a_training_step_with_split_bias_gradients(monkeypatch):
             return self.net(x)
 
     torch.manual_seed(0)
-    a = Net()
-    b = copy.deepcopy(a)
-    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
-    step = novaforge.compile_step(a, oa, lambda out, x, y: ((out - y) ** 2).mean(), backend="triton")
-    for _ in range(2):
-        x, y = torch.randn(128, 16), torch.randn(128, 4)
-        got = step(x, y)
-        ob.zero_grad()
-        want = ((b(x, y) - y) ** 2).mean()
-        want.backward()
-        ob.step()
-        torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
-    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    step = step_like_eager_adamw(Net(), (128, 16, 4), steps=2)
     (fn,) = step._compiled.values()
     assert _split(fn) >= 3
 
