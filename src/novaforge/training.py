@@ -252,6 +252,7 @@ class CompiledStep:
         self.backend, self.options = backend, options
         self.calls = 0
         self._modes = ModuleModes(model)  # (model.eval() / hooks: a program per state, as for novaforge.compile)
+        self._norms = _norm_layers(model)  # (their running statistics: step inputs in training mode)
         self._compiled: dict[tuple, Any] = {}
         self._grad_bufs: list[torch.Tensor] | None = None
         self._lock = threading.RLock()
@@ -332,7 +333,7 @@ class CompiledStep:
                                           "gradients, which live inside the compiled step); step it in eager")
             if self.accumulate > 1 and self._grad_bufs is None:
                 self._grad_bufs = [torch.zeros_like(p) for p in params]
-            bnames, buffers = _updated_buffers(self.model)
+            bnames, buffers = _updated_buffers(self._norms)
             key = (tuple(names), tuple(hypers), tuple(group_ids), update, self._modes.key(), bnames)
             fn = self._compiled.get(key)
             if fn is None:
@@ -353,17 +354,22 @@ class CompiledStep:
         return sum(c.compilations for c in self._compiled.values())
 
 
-def _updated_buffers(model: torch.nn.Module) -> tuple[tuple[str, ...], list[torch.Tensor]]:
-    """The buffers a training forward updates in place: the running statistics of norm layers in
-    training mode (BatchNorm, InstanceNorm with `track_running_stats`). The step takes them as
-    inputs, so their updates are write-backs into the model's buffers (as constants they could
-    not be updated: a BatchNorm model's step failed to capture). Other buffers stay constants the
-    passes fold (causal masks, rotary tables)."""
+def _norm_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(path, module) of the norm layers that can keep running statistics (BatchNorm, InstanceNorm)."""
     from torch.nn.modules.batchnorm import _NormBase
 
+    return [(prefix, m) for prefix, m in model.named_modules() if isinstance(m, _NormBase)]
+
+
+def _updated_buffers(norms: list[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    """The buffers a training forward updates in place: the running statistics of the norm layers
+    in training mode that track them. The step takes them as inputs, so their updates are
+    write-backs into the model's buffers (as constants they could not be updated: a BatchNorm
+    model's step failed to capture). Other buffers stay constants the passes fold (causal masks,
+    rotary tables)."""
     names, tensors = [], []
-    for prefix, m in model.named_modules():
-        if isinstance(m, _NormBase) and m.training and m.track_running_stats:
+    for prefix, m in norms:
+        if m.training and m.track_running_stats:
             for name, b in m.named_buffers(recurse=False):
                 names.append(f"{prefix}.{name}" if prefix else name)
                 tensors.append(b)

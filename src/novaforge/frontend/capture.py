@@ -175,6 +175,7 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
+_nn_module = torch.nn.modules.module  # (its global hook tables)
 
 
 def autocast_modes() -> tuple:
@@ -195,20 +196,21 @@ class ModuleModes:
     construction; one swapped for a new one later is seen through its parameters (StateBinding)
     or not at all if it has none (a known gap, as plain attributes changed after the compile)."""
 
-    _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
     def __init__(self, fn: Any) -> None:
-        self.modules = [m for _, m in fn.named_modules()] if isinstance(fn, torch.nn.Module) else []
+        # (the modules' __dict__s: the flags and hook tables are read there, ~2x faster than
+        # through the modules; about 20 us per call for GPT-2's 164 modules)
+        mods = [m for _, m in fn.named_modules()] if isinstance(fn, torch.nn.Module) else []
+        self.dicts = [m.__dict__ for m in mods]
 
     def key(self) -> tuple:
-        if not self.modules:
+        dicts = self.dicts
+        if not dicts:
             return ()
-        from torch.nn.modules import module as nn_module
-
-        hooks = sum(len(getattr(m, h)) for m in self.modules for h in self._HOOKS)
-        hooks += (len(nn_module._global_forward_hooks) + len(nn_module._global_forward_pre_hooks)
-                  + len(nn_module._global_backward_hooks) + len(nn_module._global_backward_pre_hooks))
-        return tuple(m.training for m in self.modules), hooks
+        hooks = sum([len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
+                     + len(d["_backward_pre_hooks"]) for d in dicts])
+        hooks += (len(_nn_module._global_forward_hooks) + len(_nn_module._global_forward_pre_hooks)
+                  + len(_nn_module._global_backward_hooks) + len(_nn_module._global_backward_pre_hooks))
+        return tuple([d["training"] for d in dicts]), hooks
 
 
 def has_meta_state(module: Any) -> bool:

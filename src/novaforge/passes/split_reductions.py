@@ -172,9 +172,7 @@ class _Split:
 
     def _view(self, v: Value, shape: list[int]) -> Value:
         v = self.rw.get(v)
-        if all(d == 1 for d in shape) and v.type.rank == 0:
-            return v
-        if all(d == 1 for d in shape):
+        if all(d == 1 for d in shape):  # (a scalar operand: broadcast as a 0-d value)
             shape = []
         return v if list(v.type.shape) == shape else self._emit("reshape", [v], shape=tuple(shape))
 

@@ -32,7 +32,7 @@ class SharedArena:
     def __init__(self, device: str) -> None:
         self.device = device
         self.lock = threading.Lock()
-        self.owner: int | None = None  # the thread that holds `lock` (set by `hold`)
+        self.owner: int | None = None  # the thread holding `lock` (set by the CPU runtime while it runs)
         self._buf: torch.Tensor | None = None
         self.views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.users: weakref.WeakSet = weakref.WeakSet()  # objects with release_arena(), told on growth
