@@ -594,3 +594,51 @@ def check_module_modes(backend: str) -> None:
         for h in handles:
             h.remove()
         torch.testing.assert_close(c(x), ref(x), atol=1e-4, rtol=1e-4, msg="hook removed")
+
+
+def check_attribute_changes(backend: str) -> None:
+    """A plain attribute changed after the compile (`m.scale = 2.0`), a list attribute appended
+    to, a parameterless submodule swapped (`m.act = nn.ReLU()`) and a function attribute
+    swapped are seen as eager sees them
+    (they were not: the program traced with the old values kept running, silently different from
+    eager); a state seen before gets its program again without compiling."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.act = torch.nn.GELU()
+            self.scale = 1.0
+            self.offsets = [1]
+            self.post = torch.tanh
+
+        def forward(self, x):
+            return self.post(self.act(self.fc(x)) * self.scale + float(sum(self.offsets)))
+
+    torch.manual_seed(0)
+    m = Net()
+    c = novaforge.compile(m, backend=backend)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        def same(msg: str) -> None:
+            torch.testing.assert_close(c(x), m(x), atol=1e-4, rtol=1e-4, msg=msg)
+
+        same("first")
+        gelu, relu = m.act, torch.nn.ReLU()
+        m.scale = 3.0
+        same("scale changed")
+        m.offsets.append(5)
+        same("list appended to")
+        m.act = relu
+        same("submodule swapped")
+        m.post = torch.sigmoid
+        same("function swapped")
+        assert c.compilations == 5
+        m.act, m.scale, m.offsets, m.post = gelu, 1.0, [1], torch.tanh
+        same("all changed back")
+        m.scale = 3.0
+        m.offsets.append(5)
+        m.act = relu
+        m.post = torch.sigmoid
+        same("changed again")
+        assert c.compilations == 5  # (every state was seen before)

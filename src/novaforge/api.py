@@ -32,7 +32,8 @@ import torch.utils._pytree as pytree
 
 from . import logs, settings
 from .frontend import pytrees
-from .frontend.capture import Captured, ModuleModes, autocast_modes, capture, has_meta_state
+from .frontend.capture import Captured, autocast_modes, capture, has_meta_state
+from .frontend.module_state import ModuleModes
 from .frontend.symbolic_entry import SymbolicCaptures
 from .gc_pause import paused_gc
 from .ir import Graph

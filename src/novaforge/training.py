@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from .frontend import pytrees
-from .frontend.capture import TRACING_LOCK, ModuleModes, shadow_module
+from .frontend.capture import TRACING_LOCK, shadow_module
+from .frontend.module_state import ModuleModes
 from .frontend.capture_fx import tracing_flags
 from .frontend.lower import COMPOSITES
 from .gc_pause import paused_gc

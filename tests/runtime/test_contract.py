@@ -7,6 +7,7 @@ import pytest
 from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
+    check_attribute_changes,
     check_autocast_modes,
     check_concurrent_first_calls,
     check_constant_output_not_shared,
@@ -145,3 +146,8 @@ def test_autocast_mode_is_part_of_the_program_key(backend):
 @pytest.mark.parametrize("backend", ["cpu", "interpret"])
 def test_training_flags_and_hooks_are_part_of_the_program_key(backend):
     check_module_modes(backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_plain_attributes_and_swapped_submodules_are_part_of_the_program_key(backend):
+    check_attribute_changes(backend)

@@ -175,7 +175,6 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
-_nn_module = torch.nn.modules.module  # (its global hook tables)
 
 
 def autocast_modes() -> tuple:
@@ -184,33 +183,6 @@ def autocast_modes() -> tuple:
     (the compiled call's, a symbolic structure's, the graph cache's) includes these, and a call
     in another mode gets its own program, as eager's results follow the mode of each call."""
     return tuple((d, torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d))
-
-
-class ModuleModes:
-    """The state of a module tree that a trace depends on besides its tensors: every submodule's
-    training flag (dropout, BatchNorm, `if self.training` in a forward) and the number of hooks
-    (module and global forward, forward-pre and backward hooks run inside the traced call). Like
-    `autocast_modes`, `key()` is part of the keys programs are kept under, so `model.eval()` or
-    `model.train()` after a compile, or a hook added or removed, gets the program of that state
-    (compiled once per state) instead of reusing another's. The submodules are listed at
-    construction; one swapped for a new one later is seen through its parameters (StateBinding)
-    or not at all if it has none (a known gap, as plain attributes changed after the compile)."""
-
-    def __init__(self, fn: Any) -> None:
-        # (the modules' __dict__s: the flags and hook tables are read there, ~2x faster than
-        # through the modules; about 20 us per call for GPT-2's 164 modules)
-        mods = [m for _, m in fn.named_modules()] if isinstance(fn, torch.nn.Module) else []
-        self.dicts = [m.__dict__ for m in mods]
-
-    def key(self) -> tuple:
-        dicts = self.dicts
-        if not dicts:
-            return ()
-        hooks = sum([len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
-                     + len(d["_backward_pre_hooks"]) for d in dicts])
-        hooks += (len(_nn_module._global_forward_hooks) + len(_nn_module._global_forward_pre_hooks)
-                  + len(_nn_module._global_backward_hooks) + len(_nn_module._global_backward_pre_hooks))
-        return tuple([d["training"] for d in dicts]), hooks
 
 
 def has_meta_state(module: Any) -> bool:

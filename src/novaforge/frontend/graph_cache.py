@@ -57,14 +57,10 @@ from ..ir.serialize import (
 from ..options import Options
 from . import pytrees
 from .capture import autocast_modes
+from .module_state import NN_INTERNAL as _NN_INTERNAL
 
 FORMAT = 1
 INLINE_CONST_BYTES = 4 << 20  # non-state constants up to this size are stored in the entry
-_NN_INTERNAL = {"_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set",
-                "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                "_state_dict_hooks", "_load_state_dict_pre_hooks", "_state_dict_pre_hooks",
-                "_load_state_dict_post_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-                "_forward_hooks_always_called", "_is_full_backward_hook", "forward"}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _file_digests: dict[tuple[str, int, int], str] = {}
 

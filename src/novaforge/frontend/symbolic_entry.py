@@ -30,7 +30,8 @@ import torch
 from .. import logs
 from ..ir.symbolic import is_symbolic
 from . import pytrees
-from .capture import Captured, ModuleModes, autocast_modes, capture
+from .capture import Captured, autocast_modes, capture
+from .module_state import ModuleModes
 from .dynamic import DimRanges, OutsideRange, dynamic_dims, specialize, symbol_values
 
 _log = logs.get_logger("runtime")

@@ -7,6 +7,7 @@ import pytest
 from contract_cases import (
     ALIAS_CASES,
     check_aliasing,
+    check_attribute_changes,
     check_autocast_modes,
     check_constant_output_not_shared,
     check_contiguous_view_of_a_transposed_result,
@@ -91,3 +92,7 @@ def test_autocast_mode_is_part_of_the_program_key():
 
 def test_training_flags_and_hooks_are_part_of_the_program_key():
     check_module_modes("triton")
+
+
+def test_plain_attributes_and_swapped_submodules_are_part_of_the_program_key():
+    check_attribute_changes("triton")
