@@ -43,9 +43,9 @@ import torch
 
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module
-from .frontend.module_state import ModuleModes
 from .frontend.capture_fx import tracing_flags
 from .frontend.lower import COMPOSITES
+from .frontend.module_state import ModuleModes
 from .gc_pause import paused_gc
 
 # ---------------------------------------------------------------- differentiable calls

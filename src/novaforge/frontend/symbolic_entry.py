@@ -31,8 +31,8 @@ from .. import logs
 from ..ir.symbolic import is_symbolic
 from . import pytrees
 from .capture import Captured, autocast_modes, capture
-from .module_state import ModuleModes
 from .dynamic import DimRanges, OutsideRange, dynamic_dims, specialize, symbol_values
+from .module_state import ModuleModes
 
 _log = logs.get_logger("runtime")
 
