@@ -449,6 +449,47 @@ def test_tile_callback_without_c(path, small_blocks):
     _check(got.float(), ref, scale, K)
 
 
+@pytest.mark.parametrize("path", ["unpacked", "strided_a"])
+def test_tile_prefetch_announces_each_next_tile(path):
+    """nf_epilogue.tile_prefetch is called (c == NULL) with the coordinates of the tile whose
+    tile_fn comes next, before that tile is computed: every tile after the first of a row block
+    is announced exactly once, before its tile_fn call (one thread, so the order is the call
+    order; small cache sizes for several row and column blocks)."""
+    M, K, N = 77, 300, 150
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    if path == "strided_a":
+        a = torch.randn(K, M).t()
+    events: list[tuple] = []
+
+    def on_tile(ctx, batch, c, ldc, row0, col0, rows, cols):
+        events.append(("tile", row0, col0, rows, cols))
+
+    def on_prefetch(ctx, batch, c, ldc, row0, col0, rows, cols):
+        assert not c
+        events.append(("pf", row0, col0, rows, cols))
+
+    bias = torch.zeros(N)
+    ep, _keep = _relu_epilogue_with_tile_fn(bias, on_tile)
+    pf_fn = _TILE_FN(on_prefetch)
+    ep.tile_prefetch = ctypes.cast(pf_fn, ctypes.c_void_p)
+    lib = ops.lib()
+    lib.nf_gemm_set_cache_sizes(4096, 16384, 0)
+    try:
+        rs, cs = a.stride()
+        out = torch.empty(M, N)
+        lib.nf_sgemm(M, N, K, a.data_ptr(), rs, cs, b.data_ptr(), N, 1, out.data_ptr(), N, 0, ctypes.byref(ep), 1)
+    finally:
+        lib.nf_gemm_set_cache_sizes(*build.cache_sizes().values())
+    torch.testing.assert_close(out, torch.relu(a @ b), atol=1e-3, rtol=1e-4)
+    tiles = [e[1:] for e in events if e[0] == "tile"]
+    announced = [e[1:] for e in events if e[0] == "pf"]
+    assert len(set(tiles)) == len(tiles) and set(announced) <= set(tiles)
+    assert len(announced) == len(set(announced)) and len(announced) >= len(tiles) // 2
+    for i, e in enumerate(events):  # an announced tile's tile_fn comes after its announcement
+        if e[0] == "pf":
+            assert ("tile", *e[1:]) in events[i + 1:]
+
+
 @pytest.mark.parametrize(
     "variant",
     [("generic", ("-DNF_GEMM_NT_BCAST=1",)), ("avx2", ("-DNF_GEMM_MR=6", "-DNF_GEMM_NV=4", "-DNF_GEMM_DOT_MR=4")),

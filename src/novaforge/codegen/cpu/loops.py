@@ -618,13 +618,19 @@ def tile_maps(info: BodyInfo, batch_dims: list[int], row_dims: list[int], col_di
     return out
 
 
-def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
-                         batch_dims: list[int], row_dims: list[int], col_dim: int, n_args: int) -> str:
-    """`void name(ctx, batch, c, ldc, row0, col0, rows, cols)`: the epilogue applied to one
-    finished GEMM tile while it is in L1. Input 0 (the matmul result) is read from the tile `c`
-    (as float32); ctx holds the kernel's `n_args` argument pointers (p0 = the C buffer), then
-    the sizes (`nf_sym`)."""
-    code = Code()
+def _tile_accesses(info: BodyInfo, batch_dims: list[int], row_dims: list[int],
+                   col_dim: int) -> tuple[list[Value], list[TileMap]]:
+    """The non-constant leaves an epilogue reads and the (batch, row, col) maps of those leaves
+    and then of its stores."""
+    roots = [s.value for s in info.stores]
+    leaves = [v for v in _leaves_in(info, roots, lambda v: False) if info.leaves[v].kind != "const"]
+    accesses = [(info.leaves[v].strides, info.leaves[v].offset) for v in leaves]
+    accesses += [(s.strides, s.offset) for s in info.stores]
+    return leaves, tile_maps(info, batch_dims, row_dims, col_dim, accesses)
+
+
+def _tile_header(code: Code, name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype],
+                 n_args: int) -> None:
     code.open(f"static void {name}(void* ctx, long batch, float* c, long ldc, long row0, long col0, long rows, "
               "long cols)")
     code("void** p = (void**)ctx;")
@@ -636,21 +642,32 @@ def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: li
     for j, dt in enumerate(out_dtypes):
         st = storage_type(dt)
         code(f"{st}* out{j} = ({st}*)p[{len(in_dtypes) + j}];")
-    vals = _Values(info, code)
-    roots = [s.value for s in info.stores]
-    leaves = [v for v in _leaves_in(info, roots, lambda v: False) if info.leaves[v].kind != "const"]
-    for v, lf in info.leaves.items():
-        if lf.kind == "const":
-            vals.names[v] = literal(lf.value, lf.dtype)
-    accesses = [(info.leaves[v].strides, info.leaves[v].offset) for v in leaves]
-    accesses += [(s.strides, s.offset) for s in info.stores]
-    maps = tile_maps(info, batch_dims, row_dims, col_dim, accesses)
-    code.open("for (long r = 0; r < rows; r++)")
+
+
+def _row_offsets(code: Code, maps: list[TileMap]) -> None:
     code("const int64_t row = row0 + r;")
     for k, m in enumerate(maps):
         terms = [str(m.offset)] + ([f"batch * {m.bs}"] if m.bs else []) + ([f"row * {m.rs}"] if m.rs else []) + (
             [f"col0 * {m.cs}"] if m.cs else [])
         code(f"const int64_t a{k} = {' + '.join(terms)};")
+
+
+def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
+                         batch_dims: list[int], row_dims: list[int], col_dim: int, n_args: int) -> str:
+    """`void name(ctx, batch, c, ldc, row0, col0, rows, cols)`: the epilogue applied to one
+    finished GEMM tile while it is in L1. Input 0 (the matmul result) is read from the tile `c`
+    (as float32); ctx holds the kernel's `n_args` argument pointers (p0 = the C buffer), then
+    the sizes (`nf_sym`)."""
+    code = Code()
+    _tile_header(code, name, in_dtypes, out_dtypes, n_args)
+    vals = _Values(info, code)
+    roots = [s.value for s in info.stores]
+    for v, lf in info.leaves.items():
+        if lf.kind == "const":
+            vals.names[v] = literal(lf.value, lf.dtype)
+    leaves, maps = _tile_accesses(info, batch_dims, row_dims, col_dim)
+    code.open("for (long r = 0; r < rows; r++)")
+    _row_offsets(code, maps)
     code("#pragma omp simd")
     code.open("for (long j = 0; j < cols; j++)")
     for k, v in enumerate(leaves):
@@ -668,6 +685,49 @@ def render_tile_epilogue(name: str, in_dtypes: list[torch.dtype], out_dtypes: li
         idx = index_expr(f"a{len(leaves) + k}", m.cs, "j")
         code(f"out{s.buf}[{idx}] = {store_expr(vals.names[s.value], s.dtype)};")
     code.close()
+    code.close()
+    code.close()
+    return code.text()
+
+
+def render_tile_prefetch(name: str, in_dtypes: list[torch.dtype], out_dtypes: list[torch.dtype], info: BodyInfo,
+                         batch_dims: list[int], row_dims: list[int], col_dim: int, n_args: int,
+                         c_output: int | None = None) -> str | None:
+    """`void name(ctx, batch, c, ldc, row0, col0, rows, cols)` (c unused): prefetches into L2 the
+    rows of every tensor the tile epilogue `render_tile_epilogue` reads or writes along the tile's
+    rows and columns (an optimizer update's parameter and moments), so that they arrive while the
+    GEMM computes the tile before. A store to the buffer and place of a load is not prefetched
+    twice, nor the output `c_output` that holds C itself (the tile, just computed). None when the
+    epilogue reads nothing but the tile and per-column vectors (cache resident: nothing to
+    prefetch)."""
+    leaves, maps = _tile_accesses(info, batch_dims, row_dims, col_dim)
+    lines: list[str] = []
+    loaded: list[tuple[str, TileMap]] = []
+    for k, v in enumerate(leaves):
+        lf = info.leaves[v]
+        m = maps[k]
+        if lf.kind != "load" or lf.buf == 0 or m.cs != 1 or not m.rs:
+            continue
+        base = f"in{lf.buf}"
+        loaded.append((base, m))
+        lines.append(f"nf_pf_row((const char*)({base} + a{k}), cols * {lf.dtype.itemsize}, 0);")
+    for k, s in enumerate(info.stores):
+        m = maps[len(leaves) + k]
+        if m.cs != 1 or not m.rs or s.buf == c_output:
+            continue
+        base = f"out{s.buf}"
+        same = [f"(const void*){base} != (const void*){b}" for b, lm in loaded if lm == m]
+        stmt = f"nf_pf_row((const char*)({base} + a{len(leaves) + k}), cols * {s.dtype.itemsize}, 1);"
+        lines.append(f"if ({' && '.join(same)}) {stmt}" if same else stmt)
+    if not lines:
+        return None
+    code = Code()
+    _tile_header(code, name, in_dtypes, out_dtypes, n_args)
+    code("(void)c; (void)ldc;")
+    code.open("for (long r = 0; r < rows; r++)")
+    _row_offsets(code, maps)
+    for line in lines:
+        code(line)
     code.close()
     code.close()
     return code.text()

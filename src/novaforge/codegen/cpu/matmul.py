@@ -17,7 +17,11 @@ with the kernel's epilogue fused:
   register epilogue (`nf_epilogue.bias`, `.act`);
 * whatever else the epilogue computes (residual adds, a GELU written out as tanh arithmetic,
   casts, extra outputs) is rendered as a tile function (`loops.render_tile_epilogue`) that the
-  library calls on every finished C tile while it is still in L1.
+  library calls on every finished C tile while it is still in L1. Its companion
+  (`loops.render_tile_prefetch`, `nf_epilogue.tile_prefetch`) is called one tile ahead and
+  prefetches into L2 the rows the epilogue will read or write there (an optimizer update fused
+  into a weight gradient reads the parameter and both moments from memory: in GPT-42M's step the
+  LM head's weight-gradient GEMM went from 84% to 87% of the FMA roofline).
 
 C (the float32 result) is written into the kernel's output when the epilogue reads it only at
 the element it writes (in place); when no output can hold it, the library keeps each block of C
@@ -46,7 +50,17 @@ from ...schedule.target import CpuTarget
 from .analysis import BodyInfo, Operand, Unsupported, analyze_body, operand
 from .cexpr import check_dtype
 from .gemm.build import ACTS
-from .loops import Code, GenKernel, body_dtypes, coalesce, function_name, render_tile_epilogue, signature, tile_maps
+from .loops import (
+    Code,
+    GenKernel,
+    body_dtypes,
+    coalesce,
+    function_name,
+    render_tile_epilogue,
+    render_tile_prefetch,
+    signature,
+    tile_maps,
+)
 
 # the IR activation (op, gelu's `approximate`) -> nf_gemm's epilogue code (its ABI, gemm/build.py ACTS)
 ACT_CODES = {("gelu", "none"): ACTS["gelu_erf"], ("gelu", "tanh"): ACTS["gelu_tanh"], ("silu", None): ACTS["silu"],
@@ -240,8 +254,13 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     def render() -> str:
         code = Code()
         text = ""
+        pf = None
         if tile is not None:
             text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args)
+            if not nt:  # (the nf_sgemm-family entries call it)
+                pf = render_tile_prefetch(tile_name + "_pf", ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args,
+                                          c_output=inplace)
+                text += pf or ""
         code.open(f"static int {name}({signature(n_args)})")
         if geo.M == 0 or geo.N == 0 or geo.batch == 0:
             code("return 0;")
@@ -254,7 +273,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         code(f"void* ctx[{n_args + 1}] = {{{', '.join(f'p{i}' for i in range(n_args))}, (void*)nf_sym}};")
         bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None else "nullptr"
         tfn = tile_name if tile is not None else "nullptr"
-        code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx}};")
+        pfn = tile_name + "_pf" if pf else "nullptr"
+        code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx, {pfn}}};")
         c_ptr = "(float*)nullptr" if local else "(float*)p0"
         if packed:
             bp = f"(const float*)p{n_args - 1}"

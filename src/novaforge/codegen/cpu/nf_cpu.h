@@ -381,3 +381,14 @@ static inline float* nf_scratch(int slot, size_t floats) {
   }
   return buf[slot];
 }
+
+// Prefetch `bytes` from `p` into L2 (a GEMM tile epilogue's rows, one tile ahead; write != 0: the
+// lines will be written). Not a scalar math function: called outside vectorized loops.
+NF_INLINE void nf_pf_row(const char* p, long bytes, int write) {
+  const char* end = p + bytes;
+  p = (const char*)((uintptr_t)p & ~(uintptr_t)63);
+  if (write)
+    for (; p < end; p += 64) __builtin_prefetch(p, 1, 2);
+  else
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+}

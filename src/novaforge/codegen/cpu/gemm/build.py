@@ -297,6 +297,7 @@ class Epilogue(ctypes.Structure):
         ("bs_residual", ctypes.c_long),
         ("tile_fn", ctypes.c_void_p),
         ("tile_ctx", ctypes.c_void_p),
+        ("tile_prefetch", ctypes.c_void_p),
     ]
 
 

@@ -340,6 +340,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     const float* res = (ep && ep->residual) ? ep->residual + bi * ep->bs_residual : nullptr;
     const long ldr = ep ? ep->ld_residual : 0;
     const bool tile_fn = ep && ep->tile_fn;
+    const bool tile_prefetch = tile_fn && ep->tile_prefetch;
     int tiles[1024];  // mc <= 1000 * MR (blocking_for)
     long tile_row[1024];
 
@@ -430,6 +431,16 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 };
                 // each row tile's A micro-panel stays in L1 while it sweeps the ncp panels of B (in L2)
                 for (int t = 0; t < nt; ++t) {
+                    // what the next tile's epilogue reads, into L2 while this tile computes (the next row tile,
+                    // or the next column block's first)
+                    if (last && tile_prefetch) {
+                        if (t + 1 < nt)
+                            ep->tile_prefetch(ep->tile_ctx, bi, nullptr, 0, ic + tile_row[t + 1], c_lo, tiles[t + 1],
+                                              c_hi - c_lo);
+                        else if (pje < p1)
+                            ep->tile_prefetch(ep->tile_ctx, bi, nullptr, 0, ic + tile_row[0], pje * NR, tiles[0],
+                                              std::min(n1, std::min(p1, pje + ncp) * NR) - pje * NR);
+                    }
                     for (long p = pj; p < pje; ++p) run(t, p);
                     pf.upto(pf.total * (t + 1) / nt);
                     if (last && tile_fn) {

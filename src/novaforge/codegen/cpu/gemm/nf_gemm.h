@@ -59,6 +59,10 @@ typedef struct nf_epilogue {
     long bs_residual;      /* batch stride of residual (batched entries) */
     nf_tile_fn tile_fn;    /* or NULL */
     void* tile_ctx;
+    /* or NULL: called (with c == NULL) on the tile whose tile_fn comes next, before the current
+     * tile is computed, to prefetch what tile_fn will read there (nf_sgemm-family entries only; an
+     * optimizer update reads the parameter and its moments, all cold in memory) */
+    nf_tile_fn tile_prefetch;
 } nf_epilogue;
 
 /* ---- configuration / queries ---- */
