@@ -66,6 +66,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
     """The graph-level passes, in order (before fusion)."""
     from .fuse_attention import fuse_attention
     from .hoist_size_only import hoist_size_only
+    from .recognize_activations import recognize_activations
     from .remat import remat
     from .split_reductions import split_reductions
 
@@ -74,6 +75,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
         ("cse", cse),
         ("fold_constants", fold_constants),
         ("simplify", simplify),
+        ("recognize_activations", recognize_activations),
         ("layout", layout),
         ("cse", cse),
         ("fuse_attention", fuse_attention),

@@ -140,7 +140,13 @@ def take_of_a_range(m: Match) -> Value | None:  # x.take(start + step * arange(n
 
 
 def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
-    ctx = ctx or PassContext()
+    return apply_rules(graph, SIMPLIFY, ctx or PassContext())
+
+
+def apply_rules(graph: Graph, table: RuleTable, ctx: PassContext) -> Graph:
+    """Walk the graph once, replacing each node by what the first matching rule of `table`
+    returns (a value of the node's exact type); counts `rewrites` (and, for this module's
+    table, `cat_pieces_factored`). Shared by the passes written as rule tables."""
     rw = Rewriter(graph)
     defs: dict[Value, Node] = {}
     changed = 0
@@ -148,11 +154,11 @@ def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
     for n in graph.nodes:
         first_new = len(rw.nodes)
         m = Match(n, [rw.get(v) for v in n.inputs], defs, rw, graph)
-        rule, repl = SIMPLIFY.apply(m)
+        rule, repl = table.apply(m)
         is_cat = rule is not None and rule.rewrite is cat_of_scaled_pieces
         factored += is_cat and repl is not None
         if repl is not None and repl.type == n.outputs[0].type \
-                and not ctx.take_fuel(lambda n=n: f"simplify: rewrote {describe(n)}"):
+                and not ctx.take_fuel(lambda n=n: f"{table.name}: rewrote {describe(n)}"):
             del rw.nodes[first_new:]  # without fuel: the node stays as it was
             factored -= is_cat
             repl = None
