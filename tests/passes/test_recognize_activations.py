@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from nf_testing import captured_graph, check_pass
 
+from nf_testing import captured_graph, check_pass
 from novaforge.passes.context import PassContext
 from novaforge.passes.recognize_activations import recognize_activations
 from novaforge.passes.simplify import simplify
