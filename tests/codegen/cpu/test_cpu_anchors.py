@@ -110,6 +110,15 @@ def test_flash_attention_tiles(L, S, causal):
     assert info["library"] == 0, "attention did not run the generated flash kernel"
 
 
+@pytest.mark.parametrize("E", [40, 24, 16])
+def test_flash_attention_head_dims_off_the_register_block(E):
+    """K^T is packed W x W keys and head dims at a time in registers (nf_transpose_into); head
+    dims that are not a multiple of W, and key counts with a partial block, take the edge loops."""
+    q, k, v = _r(2, 3, 45, E), _r(2, 3, 45, E), _r(2, 3, 45, E)
+    check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v, atol=1e-5, rtol=1e-4)
+    check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, atol=1e-5, rtol=1e-4)
+
+
 def test_flash_attention_fully_masked_rows():
     q, k, v = _r(1, 2, 6, 8), _r(1, 2, 70, 8), _r(1, 2, 70, 8)
     mask = torch.rand(1, 1, 6, 70) > 0.5

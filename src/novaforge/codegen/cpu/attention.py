@@ -1,7 +1,8 @@
 """A generated flash-style attention kernel (float32): online softmax over key/value tiles.
 
 The parallel tasks are (batch, query head, chunk of query blocks); a task packs K transposed
-once (in kv_tile-wide tiles, up to the causal limit of its chunk, into a per-thread buffer) and,
+once (in kv_tile-wide tiles, up to the causal limit of its chunk, into a per-thread buffer;
+float32 K with contiguous rows a W x W register block at a time, `nf_transpose_into`) and,
 for every block of `q_tile` query rows, walks the key/value tiles: it computes the score tile
 S = (q * scale) K^T (register-blocked, vectorized over keys), applies the
 mask (bool: keep; float: added) and the causal triangle (key j <= query i, top-left aligned),
@@ -166,11 +167,15 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
         c(f"const int64_t kend = {_causal_end('iend', S, causal, mask is not None)};")
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
-        c.open("for (int64_t j = 0; j < kend; j++)")
-        c(f"const {T}* kr = kp + j * {ks[1]};")
-        c(f"float* kc = ktb + (j / {BK}) * {E * BK} + j % {BK};")
-        c(f"for (int64_t e = 0; e < {E}; e++) kc[e * {BK}] = {ld(f'kr[e * {ks[2]}]')};")
-        c.close()
+        if not bf16 and ks[2] == 1:  # K rows contiguous: transposed a register block at a time
+            c(f"for (int64_t j0 = 0; j0 < kend; j0 += {BK}) nf_transpose_into(kp + j0 * {ks[1]}, {ks[1]}, "
+              f"kend - j0 < {BK} ? kend - j0 : {BK}, {E}, ktb + (j0 / {BK}) * {E * BK}, {BK});")
+        else:
+            c.open("for (int64_t j = 0; j < kend; j++)")
+            c(f"const {T}* kr = kp + j * {ks[1]};")
+            c(f"float* kc = ktb + (j / {BK}) * {E * BK} + j % {BK};")
+            c(f"for (int64_t e = 0; e < {E}; e++) kc[e * {BK}] = {ld(f'kr[e * {ks[2]}]')};")
+            c.close()
         if bf16:  # V converted to a packed float copy (the P V tile reads float rows)
             c(f"float* vcb = nf_scratch(1, kend * {Ev} + 1);")
             c(f"for (int64_t j = 0; j < kend; j++) for (int64_t e = 0; e < {Ev}; e++) "

@@ -392,3 +392,31 @@ NF_INLINE void nf_pf_row(const char* p, long bytes, int write) {
   else
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
+
+// ------------------------------------------------------------------ register transposes
+// nf_gemm's SIMD primitives (the ISA the build's flags select), for the W x W transpose below;
+// NF_INLINE is this header's own again after it.
+#pragma push_macro("NF_INLINE")
+#undef NF_INLINE
+#include "gemm/nf_gemm_simd.h"
+#pragma pop_macro("NF_INLINE")
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (float32; the attention kernel's K^T
+// pack): W x W blocks transposed in registers (W loads, W stores), the edges element by element.
+static inline void nf_transpose_into(const float* src, long lds, long rows, long cols, float* dst, long ldd) {
+  constexpr long W = nfs::W;
+  long r0 = 0;
+  for (; r0 + W <= rows; r0 += W) {
+    long c0 = 0;
+    for (; c0 + W <= cols; c0 += W) {
+      nfs::vf v[W];
+      for (long i = 0; i < W; i++) v[i] = nfs::vload(src + (r0 + i) * lds + c0);
+      nfs::vtranspose(v);
+      for (long i = 0; i < W; i++) nfs::vstore(dst + (c0 + i) * ldd + r0, v[i]);
+    }
+    for (; c0 < cols; c0++)
+      for (long i = 0; i < W; i++) dst[c0 * ldd + r0 + i] = src[(r0 + i) * lds + c0];
+  }
+  for (; r0 < rows; r0++)
+    for (long c = 0; c < cols; c++) dst[c * ldd + r0] = src[r0 * lds + c];
+}
