@@ -175,7 +175,7 @@ def test_epilogue(act, with_bias, with_residual, path):
     _check(c, ref, scale, K, slack=1.5)
 
 
-# (112, 300, 70): the dot-product kernel above the packing threshold; (128, 1024, 40): rows aliasing in L1, packed
+# (112, 300, 70): the dot-product kernel above the packing threshold; (128, 1024, 40): rows aliasing in L1, staged
 @pytest.mark.parametrize("M,K,N", SHAPES + [(64, 8, 64), (3, 24, 1000), (112, 300, 70), (128, 1024, 40)])
 @pytest.mark.parametrize("w_layout", ["contiguous", "row_padded"])
 def test_linear_matches_torch(M, K, N, w_layout):
@@ -205,9 +205,9 @@ def test_accumulate_and_k_zero_unpacked(path):
     assert gemm.linear(torch.randn(4, 8), torch.randn(0, 8)).shape == (4, 0)
 
 
-# 96 <= M <= 128 with W rows aliasing in L1 (the row stride a multiple of 1024 floats): the broadcast kernel
-# where it is on (AVX2 builds; K = 2048 and 3072 take several K blocks), W packed on the fly elsewhere and
-# for M > 128 (200, 255)
+# 96 <= M <= 128 with W rows aliasing in L1 (the row stride a multiple of 1024 floats): the dot-product
+# kernel on staged groups of W rows for float32 A (K = 2048 and 3072 take several K blocks), W packed on
+# the fly for M > 128 (200, 255)
 @pytest.mark.parametrize("M,K,N,ldw", [(96, 1024, 37, 1024), (128, 1000, 70, 1024), (200, 33, 13, 33),
                                        (120, 2048, 50, 2048), (100, 3072, 6, 3072), (97, 1024, 1, 1024),
                                        (255, 2048, 50, 2048)])

@@ -1,15 +1,16 @@
 /* nf_gemm_nt.cpp — C = A @ W^T with W a row-major [N, K] matrix (an nn.Linear weight) and no packed
- * copy of W: for few rows (M < kPackMinRows, decode-like; float32 W up to kDotMaxRows rows unless its
- * rows alias in L1) a dot-product micro-kernel reads W in place; for more rows a broadcast micro-kernel
- * (vectors along M, nf_gemm_bcast.h: bc_block) reads W in place where it is on (kBcast), else the entries
- * hand over to nf_gemm.cpp's on-the-fly packing of B = W^T.
+ * copy of W: for few rows (M < kPackMinRows, decode-like; float32 W up to kDotMaxRows rows) a
+ * dot-product micro-kernel reads W in place (or a staged copy of a few of its rows, see nt_block); for
+ * more rows, and where it is on (kBcast) for rows aliasing in L1, a broadcast micro-kernel (vectors along
+ * M, nf_gemm_bcast.h: bc_block) reads W in place, else the entries hand over to nf_gemm.cpp's on-the-fly
+ * packing of B = W^T.
  *
  * Invariant: nt_block() and bc_block() compute exactly the C rows [m0,m1) x columns [n0,n1) given,
  * reading only those rows of A and those rows of W. Each C element is written once per K block
  * by the micro-kernel (the first block stores, or adds to C_old when accumulating; later blocks
  * add), then once by the epilogue pass (bias, activation, residual), then handed to the tile
  * callback. Only per-thread scratch is kept (A staged when strided or bf16, W rows staged when
- * bf16), so disjoint blocks may run concurrently.
+ * bf16 or aliasing in L1), so disjoint blocks may run concurrently.
  *
  * Loop nest per block (a group of DNR rows of W resident in L1 while the A rows stream from L2):
  *   for row block          mb rows: the A block (mb x KC) takes half of L2
@@ -76,6 +77,10 @@ constexpr long kChunk = 64;  // columns per epilogue / tile-callback chunk
 #define NF_GEMM_NT_PREFETCH 1
 #endif
 constexpr bool kPrefetchW = NF_GEMM_NT_PREFETCH != 0;
+#ifndef NF_GEMM_NT_STAGE_MIN_ROWS  // fewer rows reuse a staged group of W rows too little to pay for the copy
+#define NF_GEMM_NT_STAGE_MIN_ROWS 96
+#endif
+constexpr long kStageMinRows = NF_GEMM_NT_STAGE_MIN_ROWS;
 
 struct NtBlocking {
     long kc;  // K block (a multiple of W unless it is all of K)
@@ -164,7 +169,13 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     const long kcb = bl.kc, nkb = K > 0 ? cdiv(K, kcb) : 1;
     const long nmb = cdiv(m1 - m0, bl.mb);
     const long mb = std::min(m1 - m0, cdiv(cdiv(m1 - m0, nmb), DMR) * DMR);
-    const bool stage_a = P.a_bf16 || P.cs_a != 1, stage_w = P.w_bf16;
+    // W rows are staged (copied, as float32, into one contiguous DNR x KC block per column group, read by
+    // every row tile) when bf16, or, for several row tiles, when they alias in L1: rows a multiple of 4 KiB
+    // apart (K = 1024, 2048, 3072) all map to the few L1 sets where the tile's A rows sit too. Zen 4, 2
+    // threads, M = 128, W from DRAM: K x N = 3072 x 768, 2048 x 768, 1024 x 1024 198-202 GFLOP/s, against
+    // 163-189 packing W on the fly (the path these shapes took before)
+    const bool stage_a = P.a_bf16 || P.cs_a != 1;
+    const bool stage_w = P.w_bf16 || (m1 - m0 >= kStageMinRows && rows_alias_in_l1(P.ldw * 4));
     nfi::Scratch& ws = t_nt_scratch;
     float* abuf = stage_a ? nfi::Scratch::grow(ws.a, ws.a_cap, mb * std::max(kcb, 1L) + 16) : nullptr;
     float* wbuf = stage_w ? nfi::Scratch::grow(ws.b, ws.b_cap, DNR * std::max(kcb, 1L) + 16) : nullptr;
@@ -201,7 +212,8 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
                     const float* w = nullptr;
                     long ldw = kc;
                     if (kc > 0 && stage_w) {
-                        stage_rows((const uint16_t*)P.W, P.ldw, 1, j, cw, k0, kc, wbuf);
+                        if (P.w_bf16) stage_rows((const uint16_t*)P.W, P.ldw, 1, j, cw, k0, kc, wbuf);
+                        else stage_rows((const float*)P.W, P.ldw, 1, j, cw, k0, kc, wbuf);
                         w = wbuf;
                     } else if (kc > 0) {
                         w = (const float*)P.W + j * P.ldw + k0;
@@ -210,7 +222,7 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
                     // a later group's W rows are prefetched into L2, a share after each row tile: the next
                     // group when there are many row tiles, further ahead when there are few (decode)
                     const long jn = j + DNR * (nt >= 8 ? 1 : cdiv(8, nt));
-                    const long pf_rows = (kPrefetchW && !stage_w && kc > 0 && jn < n1) ? std::min((long)DNR, n1 - jn) : 0;
+                    const long pf_rows = (kPrefetchW && !P.w_bf16 && kc > 0 && jn < n1) ? std::min((long)DNR, n1 - jn) : 0;
                     const long row_lines = cdiv(kc * 4, 64), pf_total = pf_rows * row_lines;
                     const float* pf_base = (const float*)P.W + jn * P.ldw + k0;
                     long pf_done = 0;
@@ -505,10 +517,11 @@ NtProblem make_nt(long M, long N, long K, const void* A, int a_bf16, long rs_a, 
 #endif
 constexpr long kPackMinRows = NF_GEMM_NT_PACK_MIN_ROWS;
 
-/* Up to this many rows the dot-product kernel is kept for float32 W whose rows do not alias in L1:
- * measured on an AVX-512 Zen 4 at M = 128, 2 threads, weights from DRAM, it ran 8-10% faster than
- * the packing path for K = 768 (128x768x768, x2304, x3072) but 3% slower for K = 3072, whose rows,
- * 12 KiB apart, all fall into one L1 set (the packing path stages them, see pack_b_panels). */
+/* Up to this many rows the dot-product kernel is kept for float32 W: measured on an AVX-512 Zen 4 at
+ * M = 128, 2 threads, weights from DRAM, it ran 8-10% faster than the packing path for K = 768
+ * (128x768x768, x2304, x3072); for K = 1024, 2048, 3072, whose rows all fall into a few L1 sets, it
+ * runs 4-10% faster than packing once it stages each group of W rows (nt_block). Where the broadcast
+ * kernel is on (below: AVX2), it takes those aliasing shapes instead. */
 #ifndef NF_GEMM_NT_DOT_MAX_ROWS
 #define NF_GEMM_NT_DOT_MAX_ROWS 128
 #endif
@@ -518,7 +531,7 @@ enum class NtPath { dot, bcast, pack };
 
 /* dot-product kernel, broadcast kernel, or W packed on the fly (nf_gemm.cpp)? */
 inline NtPath nt_path(long M, long K, long ldw, bool w_bf16) {
-    if (M < kPackMinRows || !(w_bf16 || M > kDotMaxRows || rows_alias_in_l1(ldw * 4))) return NtPath::dot;
+    if (M < kPackMinRows || !(w_bf16 || M > kDotMaxRows || (kBcast && rows_alias_in_l1(ldw * 4)))) return NtPath::dot;
     return kBcast && !w_bf16 && K > 0 && M <= kBcastMaxRows ? NtPath::bcast : NtPath::pack;
 }
 
