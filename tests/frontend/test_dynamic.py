@@ -196,3 +196,30 @@ def test_dynamo_dynamic_graph_is_lowered_once(shared):
     assert dynamo.STATIC_RETRACES[0] - retraced == 0
     assert dynamo.PROGRAMS_BUILT[0] - built == (1 if shared else 3)
     assert dynamo.SHARED_INSTANCES_MADE[0] - made == (3 if shared else 0)
+
+
+def _unused_int(x, n):
+    return x * 2 + (n - n)  # n: an input of Dynamo's graph that no op reads (GPT-J's forward in generate())
+
+
+def _int_shapes_an_inner_value(x, n):
+    return (x[:, -n:] * 2).sum(-1)  # n shapes a value inside the graph, not an input or output
+
+
+def _sliding_window(x, n):
+    return x[:, torch.sym_max(0, n - 3):].sum(-1) + n  # Max(0, n - 3): a sliding window (Gemma 2)
+
+
+@pytest.mark.parametrize("fn", [_unused_int, _int_shapes_an_inner_value, _sliding_window])
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_dynamo_integer_arguments_that_change(fn, backend):
+    """An integer argument whose value changes becomes a SymInt input of Dynamo's graph. The
+    program for all sizes serves it when the size appears nowhere in the graph (the program is
+    then static) or only in the shape of a value inside it: both raised at the second value
+    before (`at(): this program was built for static sizes`). torch's own `Max` in a size:
+    test_generate.py's Gemma 2 case."""
+    torch._dynamo.reset()
+    cf = torch.compile(fn, backend="novaforge", options={"backend": backend, "tiered": False, "fallback": "raise"})
+    x = torch.randn(3, 10)
+    for n in (4, 5, 7, 2, 5):
+        torch.testing.assert_close(cf(x, n), fn(x, n))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import transformers as tf
 
 import novaforge
 from novaforge.frontend import dynamo as nf_dynamo
@@ -112,3 +113,37 @@ def test_generate_encoder_decoder_left_padded():
             got = compiled.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
         assert torch.equal(got, want)
     assert compiled.compilations == 2
+
+
+def _tiny_gptj():
+    return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                            rotary_dim=8))
+
+
+def _tiny_gemma2():
+    return tf.Gemma2ForCausalLM(tf.Gemma2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                                head_dim=16, max_position_embeddings=64, sliding_window=8))
+
+
+@pytest.mark.parametrize("make", [_tiny_gptj, _tiny_gemma2], ids=["gptj", "gemma2"])
+def test_forward_then_generate_through_torch_compile(make):
+    """A plain forward call (logits for every position) and then generate() through one compiled
+    forward: generate's integer arguments (GPT-J: `logits_to_keep`, which the graph never reads
+    once traced) and Gemma 2's sliding window (`Max(0, s0 - 7)` in Dynamo's sizes) used to raise
+    at the first decoding step."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make().eval()
+    ids = torch.randint(0, 128, (2, 12))
+    with torch.no_grad():
+        want_logits = model(ids).logits
+    want = _eager(model, ids, 6)
+    model.forward = torch.compile(model.forward, backend="novaforge", options={"fallback": "raise"})
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, want_logits, atol=1e-4, rtol=1e-4)
+        got = _eager(model, ids, 6)
+    finally:
+        del model.forward
+    assert torch.equal(got, want)

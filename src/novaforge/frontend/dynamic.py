@@ -90,6 +90,24 @@ def symbolic_inputs(tensors: Sequence[torch.Tensor], dims: Sequence[DimRanges]):
     return mode, fakes
 
 
+def plain_sympy(expr: sympy.Expr) -> sympy.Expr:
+    """A ShapeEnv expression with torch's own sympy functions (torch.utils._sympy.functions: Max,
+    Min, FloorDiv, CeilDiv, Mod, PythonMod, ModularIndexing, Identity) rewritten as the plain
+    sympy forms the IR's size expressions are made of (floor / ceiling of a quotient, sympy's
+    Max, Min and Mod): a sliding-window model's `Max(0, s0 - 7)` is then a size the code
+    generators can write. Sizes are non-negative, so C-style and Python-style modulo agree."""
+    from torch.utils._sympy import functions as tf
+
+    rules = [(tf.Identity, lambda x: x), (tf.Max, sympy.Max), (tf.Min, sympy.Min),
+             (tf.FloorDiv, lambda a, b: sympy.floor(a / b)), (tf.CeilDiv, lambda a, b: sympy.ceiling(a / b)),
+             (tf.ModularIndexing, lambda x, d, m: sympy.Mod(sympy.floor(x / d), m)),
+             (tf.PythonMod, sympy.Mod), (tf.Mod, sympy.Mod)]
+    for cls, plain in rules:
+        if expr.has(cls):
+            expr = expr.replace(cls, plain)
+    return expr
+
+
 class SymbolConverter:
     """torch SymInts -> IR dims while one graph is lowered (see the module docstring)."""
 
@@ -119,7 +137,7 @@ class SymbolConverter:
             if fs not in hints:
                 return None  # unbacked: a size that depends on tensor data
             mapping[fs] = self._ours(fs, int(hints[fs]), env)
-        return as_dim(expr.xreplace(mapping))
+        return as_dim(plain_sympy(expr.xreplace(mapping)))
 
     def _ours(self, fs: sympy.Symbol, hint: int, env: Any) -> sympy.Symbol:
         ours = self.names.get(fs)

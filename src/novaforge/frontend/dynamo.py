@@ -50,7 +50,7 @@ import torch.fx
 
 from .. import logs
 from ..gc_pause import paused_gc
-from ..ir.symbolic import Sym
+from ..ir.symbolic import Sym, SymbolicDecision
 from ..options import Options
 from ..runtime.tiering import Tiering, build_estimate, record_build
 from .static_parts import time_in_parts
@@ -349,7 +349,18 @@ class _AtenGraphProgram:
             values, consts = lowered
             program, graph, specs, n_out = self.shared
             tensor_pos = [i for i, s in enumerate(specs) if s.kind == "user"]
-            runner = _Runner(program.at(values), graph, consts, n_out, tensor_pos, values)
+            # (a graph whose sizes all dropped out, e.g. an integer argument it never reads, built a
+            # static program: the same one serves every size)
+            try:
+                sized = program.at(values) if getattr(program, "symbolic", None) is not None else program
+            except SymbolicDecision as e:  # a size it cannot evaluate: compiled per size from now on
+                if self.fallback_mode == "raise":
+                    raise
+                log.info("dynamic graph (%s): the program for all sizes cannot be placed at %s (%s); compiled "
+                         "per size", _describe_graph(self.gm), values, e)
+                self.shared = False
+                return None
+            runner = _Runner(sized, graph, consts, n_out, tensor_pos, values)
             self.instances[key] = runner
             while len(self.instances) > SHARED_INSTANCES:
                 self.instances.popitem(last=False)

@@ -521,13 +521,33 @@ class SymbolTable:
 
 
 def graph_symbols(graph: Any) -> list[sympy.Symbol]:
-    """The size symbols of a graph's inputs, indexed by number: [s0, s1, ...] up to the highest
-    one used (the order of the `nf_sym` array generated code reads)."""
+    """The size symbols a graph uses, indexed by number: [s0, s1, ...] up to the highest one used
+    (the order of the `nf_sym` array generated code reads). Not only its inputs' shapes: a size
+    that comes in as an integer argument (`x[:, -n:]` with n a SymInt) shapes only values inside
+    the graph, or sits in a node's attributes (`arange(n, n + 8)`), kernel bodies included."""
     used: set[int] = set()
-    for gi in graph.inputs:
-        for d in gi.value.type.shape:
-            if isinstance(d, Sym):
-                used.update(int(s.name[len(SYMBOL_PREFIX):]) for s in d.expr.free_symbols)
+
+    def visit(x: Any) -> None:
+        if isinstance(x, Sym):
+            used.update(int(s.name[len(SYMBOL_PREFIX):]) for s in x.expr.free_symbols)
+        elif isinstance(x, list | tuple):
+            for e in x:
+                visit(e)
+        elif isinstance(x, Mapping):
+            for e in x.values():
+                visit(e)
+        elif hasattr(x, "body") and hasattr(x.body, "nodes"):  # a fused kernel
+            visit_graph(x.body)
+
+    def visit_graph(g: Any) -> None:
+        for gi in g.inputs:
+            visit(getattr(gi.value.type, "shape", ()))
+        for n in g.nodes:
+            for v in n.outputs:
+                visit(getattr(v.type, "shape", ()))
+            visit(n.attrs)
+
+    visit_graph(graph)
     return [symbol(i) for i in range(max(used) + 1)] if used else []
 
 
