@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
-DECODERS = ("gpt2", "llama", "opt", "bloom", "gpt_neox", "mistral", "qwen2", "phi", "gemma", "falcon")
+DECODERS = ("gpt2", "llama", "opt", "bloom", "gpt_neox", "mistral", "qwen2", "phi", "gemma", "falcon", "mixtral")
 VOCAB = 256
 
 # the tiny sizes, in each family's own config names
@@ -30,6 +30,9 @@ def families() -> dict[str, tuple[type, object, str]]:
         "phi": (tf.PhiForCausalLM, tf.PhiConfig(**_LM, **_FFN), "text"),
         "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(**_LM, **_FFN, **_GQA, head_dim=16), "text"),
         "falcon": (tf.FalconForCausalLM, tf.FalconConfig(**_LM), "text"),
+        # mixture of experts: top-2 routing, each expert's tokens gathered by data-dependent indices
+        "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(**_LM, **_FFN, **_GQA, num_local_experts=4,
+                                                            num_experts_per_tok=2), "text"),
         "bert": (tf.BertModel, tf.BertConfig(**_LM, **_FFN), "text"),
         "roberta": (tf.RobertaModel, tf.RobertaConfig(**_LM, intermediate_size=128, max_position_embeddings=130),
                     "text"),

@@ -29,7 +29,7 @@ def canonical(v: Any) -> str:
         return repr(v)
     if isinstance(v, float):
         return v.hex() if v == v else "nan"
-    if isinstance(v, torch.dtype | torch.device):
+    if isinstance(v, torch.dtype | torch.device | torch.layout | torch.memory_format):
         return str(v)
     if isinstance(v, TensorType):
         return str(v) + "|" + v.device
