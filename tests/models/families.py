@@ -33,6 +33,9 @@ def families() -> dict[str, tuple[type, object, str]]:
         # mixture of experts: top-2 routing, each expert's tokens gathered by data-dependent indices
         "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(**_LM, **_FFN, **_GQA, num_local_experts=4,
                                                             num_experts_per_tok=2), "text"),
+        # a state-space model: its cache holds convolution and SSM states (linear-attention cache layers)
+        "mamba": (tf.MambaForCausalLM, tf.MambaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                                      state_size=8), "text"),
         "bert": (tf.BertModel, tf.BertConfig(**_LM, **_FFN), "text"),
         "roberta": (tf.RobertaModel, tf.RobertaConfig(**_LM, intermediate_size=128, max_position_embeddings=130),
                     "text"),

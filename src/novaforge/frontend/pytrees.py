@@ -58,7 +58,8 @@ class Spec:
 
 def is_cache_object(x: Any) -> bool:
     """A transformers cache or cache layer (flattened by attributes), judged by class without
-    importing transformers: a `Cache` / `CacheLayerMixin` subclass, or a class named '*Cache'."""
+    importing transformers: a `Cache` / `CacheLayerMixin` / `LinearAttentionCacheLayerMixin`
+    subclass, or a class named '*Cache'."""
     cls = type(x)
     if not hasattr(x, "__dict__") or isinstance(x, torch.Tensor | torch.nn.Module):
         return False
@@ -67,7 +68,8 @@ def is_cache_object(x: Any) -> bool:
     cu = sys.modules.get("transformers.cache_utils")
     if cu is None:
         return False
-    bases = tuple(b for b in (getattr(cu, "Cache", None), getattr(cu, "CacheLayerMixin", None)) if b is not None)
+    names = ("Cache", "CacheLayerMixin", "LinearAttentionCacheLayerMixin")  # (the last: Mamba's state layers)
+    bases = tuple(b for b in (getattr(cu, n, None) for n in names) if b is not None)
     return bool(bases) and isinstance(x, bases)
 
 
