@@ -139,3 +139,24 @@ def test_scalar_op_fills_on_its_device_without_a_host_copy(monkeypatch):
         assert got.shape == () and got.dtype == dtype and got.device.type == "meta"
         cpu = OPS["scalar"].impl([], {"value": value, "dtype": dtype, "device": "cpu"})
         assert cpu.item() == real(value, dtype=dtype).item()
+
+
+def test_canonical_forms_of_aten_argument_values():
+    """An extern node keeps its ATen call's arguments as attributes: layouts and memory formats
+    (`empty_permuted(..., layout=torch.strided)` in Mixtral's routing), complex scalars and enums
+    have stable text forms, equal values give equal forms, different values different ones."""
+    import enum
+
+    from novaforge.ir.structural import canonical
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    values = [torch.strided, torch.sparse_coo, torch.contiguous_format, torch.channels_last, 1 + 2j, 1 - 2j,
+              Mode.A, Mode.B, 1.0, 1, True]
+    forms = [canonical(v) for v in values]
+    assert len(set(forms)) == len(values), forms
+    assert canonical((torch.strided, Mode.A)) == canonical((torch.strided, Mode.A))
+    with pytest.raises(TypeError, match="no canonical form"):
+        canonical(object())

@@ -9,6 +9,7 @@ kernel keys and share compiled code. Keys are stable across processes (no Python
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from typing import Any
 
@@ -29,6 +30,10 @@ def canonical(v: Any) -> str:
         return repr(v)
     if isinstance(v, float):
         return v.hex() if v == v else "nan"
+    if isinstance(v, complex):
+        return f"complex({canonical(v.real)},{canonical(v.imag)})"
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__qualname__}.{v.name}"
     if isinstance(v, torch.dtype | torch.device | torch.layout | torch.memory_format):
         return str(v)
     if isinstance(v, TensorType):
