@@ -172,8 +172,8 @@ void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     // W rows are staged (copied, as float32, into one contiguous DNR x KC block per column group, read by
     // every row tile) when bf16, or, for several row tiles, when they alias in L1: rows a multiple of 4 KiB
     // apart (K = 1024, 2048, 3072) all map to the few L1 sets where the tile's A rows sit too. Zen 4, 2
-    // threads, M = 128, W from DRAM: K x N = 3072 x 768, 2048 x 768, 1024 x 1024 198-202 GFLOP/s, against
-    // 163-189 packing W on the fly (the path these shapes took before)
+    // threads, M = 96-128, W from DRAM: K x N = 3072 x 768, 2048 x 768, 1024 x 1024 193-202 GFLOP/s, against
+    // 163-189 packing W on the fly (the path these shapes took before; docs/cpu-gemm.md)
     const bool stage_a = P.a_bf16 || P.cs_a != 1;
     const bool stage_w = P.w_bf16 || (m1 - m0 >= kStageMinRows && rows_alias_in_l1(P.ldw * 4));
     nfi::Scratch& ws = t_nt_scratch;
