@@ -62,6 +62,32 @@ class CompileStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _dynamo_can_take(e: BaseException) -> bool:
+    """A compile failure that Dynamo's graph splitting may get past: control flow on tensor
+    values, or a training trace that failed (training.TraceFailed; tried once through Dynamo)."""
+    from .training import TraceFailed
+
+    return isinstance(e, TraceFailed) or _data_dependent(e)
+
+
+def _data_dependent(e: BaseException | None) -> bool:
+    """A capture or trace that failed on control flow or shapes depending on tensor values
+    (ours, or torch's own exception from AOTAutograd's trace of a training call)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    from .frontend.capture import DataDependentError
+    from .frontend.lower import DataDependentShapeError
+
+    kinds = (DataDependentError, DataDependentShapeError, DataDependentOutputException, GuardOnDataDependentSymNode)
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, kinds):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def _signature(flat: list[Any]) -> tuple:
     sig = []
     for x in flat:
@@ -97,6 +123,7 @@ class CompiledModule:
         self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._trainer: Any = None  # calls that need gradients at varying sizes (Dynamo, dynamic shapes)
+        self._via_dynamo: Any = None  # every call, once capture met control flow on tensor values
         self._warned_closure = False  # warned once that closure tensors requiring grad run eagerly
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
@@ -121,6 +148,50 @@ class CompiledModule:
         return getattr(fn, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._via_dynamo is not None:
+            return self._dynamo_call(args, kwargs)
+        try:
+            return self._call(args, kwargs)
+        except Exception as e:
+            if self.options.fallback == "raise" or not _dynamo_can_take(e):
+                raise
+            error = e
+        self._fall_back_to_dynamo(error)
+        try:
+            return self._dynamo_call(args, kwargs)
+        except Exception:
+            if _data_dependent(error):
+                raise
+            with self._lock:  # not a capture limit after all (eager raises too, through Dynamo): undone
+                self._via_dynamo = None
+                self._train_entries = {k: v for k, v in self._train_entries.items() if v.out_spec is not None}
+            raise
+
+    def _fall_back_to_dynamo(self, e: BaseException) -> None:
+        """Capture met Python control flow on tensor values (transformers' dynamic RoPE: `if
+        seq_len > max_seq_len_cached`), which one graph cannot hold: from now on every call goes
+        through `torch.compile(fn, backend="novaforge")` with this module's options. Dynamo splits
+        the graph at such a branch and novaforge compiles each piece (inference and training; a
+        `generate()` forward too). `fallback="raise"` raises the capture error instead."""
+        with self._lock:
+            if self._via_dynamo is None:
+                where = str(e).splitlines()[0] if str(e) else type(e).__name__
+                _log_runtime.warning("novaforge: %s cannot be captured as one graph (%s); it is compiled through "
+                                     "torch.compile(backend='novaforge') from now on, which splits the graph there%s",
+                                     getattr(self.fn, "__name__", None) or type(self.fn).__name__, where,
+                                     " (freeze=True does not apply there: parameters stay inputs)" if self.freeze
+                                     else "")
+                options = {**self.options, "backend": self.backend}
+                self._via_dynamo = torch.compile(self.fn, backend="novaforge", options=options)
+                self.compilations += 1
+
+    def _dynamo_call(self, args: tuple, kwargs: dict) -> Any:
+        from .generation import capturing
+
+        with capturing(), (torch.no_grad() if self.freeze else contextlib.nullcontext()):
+            return self._via_dynamo(*args, **kwargs)  # (a forward replaced by `generate` is the original)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         flat = None
         if not kwargs and all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
             # fast path (no pytree work): positional plain tensors or parameters (a compiled training step's

@@ -43,7 +43,8 @@ class Options:
     compile_only: bool = False  # build without data (set by CompiledModule.compile_only)
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
-    fallback: str = "eager"  # torch.compile: a graph novaforge cannot compile runs eagerly, or "raise"
+    fallback: str = "eager"  # a graph novaforge cannot compile runs eagerly (torch.compile) or through Dynamo
+    # (novaforge.compile: control flow or shapes on tensor values), or "raise"
     symbolic_programs: bool = True  # dynamic graphs: one program for every size (backends that build them: cpu, triton)
     tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
     static_parts: bool = True  # torch.compile, dynamic graphs: that eager run uses compiled static parts

@@ -51,6 +51,12 @@ from .gc_pause import paused_gc
 # ---------------------------------------------------------------- differentiable calls
 
 
+class TraceFailed(RuntimeError):
+    """The first call of a TrainEntry could not be traced (control flow on tensor values, a
+    plain tensor attribute the functional call does not lift, or an error eager raises too):
+    `CompiledModule` then tries the call through Dynamo, which splits graphs where needed."""
+
+
 class TrainEntry:
     """One input signature of a compiled module, differentiable: AOTAutograd forward/backward
     graphs compiled by novaforge."""
@@ -98,7 +104,11 @@ class TrainEntry:
         buffers = [b for _, b in self.module.named_buffers()]
         if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
             with TRACING_LOCK, self._lock, paused_gc(), tracing_flags():
-                outs = self.compiled(params, buffers, *tensors)
+                try:
+                    outs = self.compiled(params, buffers, *tensors)
+                except Exception as e:
+                    raise TraceFailed(f"AOTAutograd could not trace {type(self.module).__name__} for training: "
+                                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         else:
             with self._lock:
                 outs = self.compiled(params, buffers, *tensors)

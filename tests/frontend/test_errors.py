@@ -1,9 +1,11 @@
 """Bad input: what cannot be compiled fails loudly and says where; nothing gives a wrong result.
 
 * data-dependent shapes (nonzero, boolean masks, unique) raise UnsupportedError naming the op
-  and the user's file:line;
+  and the user's file:line, with `fallback="raise"`;
 * data-dependent control flow and .item()-sized tensors raise CaptureError naming the construct
-  and the user's file:line;
+  and the user's file:line, with `fallback="raise"`;
+* by default both compile through Dynamo instead (it splits the graph there), with a warning
+  that names the op or line, and give eager's results on every branch;
 * an op without a lowering rule becomes a counted extern and still computes what eager does;
 * a new input shape or dtype compiles a new program (and gives correct results); the same
   signature reuses the compiled one.
@@ -36,7 +38,7 @@ def f_masked_select(x): return torch.masked_select(x, x > 0)  # noqa: E704
 @pytest.mark.parametrize(("fn", "op"), [(f_nonzero, "nonzero"), (f_mask, "index"), (f_unique, "unique"),
                                         (f_masked_select, "masked_select")])
 def test_data_dependent_shape_names_op_and_line(fn, op: str, mode: str) -> None:
-    compiled = novaforge.compile(fn, backend="interpret", capture=mode)
+    compiled = novaforge.compile(fn, backend="interpret", capture=mode, fallback="raise")
     with pytest.raises(novaforge.UnsupportedError) as info:
         compiled(torch.randn(3, 4))
     msg = str(info.value)
@@ -58,7 +60,7 @@ def f_item_size(x):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("fn", "line"), [(f_branch, 1), (f_item_size, 1)])
 def test_data_dependent_control_flow_is_a_clear_capture_error(fn, line: int, mode: str) -> None:
-    compiled = novaforge.compile(fn, backend="interpret", capture=mode)
+    compiled = novaforge.compile(fn, backend="interpret", capture=mode, fallback="raise")
     with pytest.raises(novaforge.CaptureError) as info:
         compiled(torch.randn(3, 4))
     msg = str(info.value)
@@ -67,10 +69,73 @@ def test_data_dependent_control_flow_is_a_clear_capture_error(fn, line: int, mod
 
 @pytest.mark.parametrize("mode", MODES)
 def test_data_dependent_control_flow_names_the_line(mode: str) -> None:
-    compiled = novaforge.compile(f_branch, backend="interpret", capture=mode)
+    compiled = novaforge.compile(f_branch, backend="interpret", capture=mode, fallback="raise")
     with pytest.raises(novaforge.CaptureError) as info:
         compiled(torch.randn(3, 4))
     assert _where(f_branch, 1) in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("fn", "line"), [(f_nonzero, 0), (f_mask, 0), (f_unique, 0), (f_masked_select, 0),
+                                          (f_branch, 1), (f_item_size, 1)])
+def test_data_dependent_code_compiles_through_dynamo_by_default(fn, line: int, mode: str, caplog) -> None:
+    from novaforge.frontend import dynamo
+
+    compiled = novaforge.compile(fn, backend="cpu", capture=mode)
+    built = dynamo.PROGRAMS_BUILT[0]
+    with caplog.at_level("WARNING", logger="novaforge"):
+        for x in (torch.randn(3, 4), -torch.rand(3, 4), torch.rand(3, 4) + 0.5, torch.randn(5, 2)):
+            torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)  # both branches, a new shape
+    warned = [r.getMessage() for r in caplog.records if "cannot be captured as one graph" in r.getMessage()]
+    assert len(warned) == 1 and _where(fn, line) in warned[0] and "torch.compile" in warned[0], warned
+    assert compiled.compilations == 1 and compiled._via_dynamo is not None
+    if line:  # the graph before the branch (x.sum() > 0, x.abs().sum()) is a novaforge program
+        assert dynamo.PROGRAMS_BUILT[0] > built
+
+
+def test_data_dependent_branch_trains_through_dynamo() -> None:
+    """A module whose forward branches on tensor values: `loss.backward()` through
+    `novaforge.compile` fills the same gradients as eager on both branches."""
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            if h.sum() > 0:
+                return (h.relu() * 2).sum()
+            return (h.tanh() - 1).sum()
+
+    torch.manual_seed(0)
+    eager = Branchy()
+    model = Branchy()
+    model.load_state_dict(eager.state_dict())
+    compiled = novaforge.compile(model, backend="cpu")
+    for x in (torch.randn(3, 4) + 3, torch.randn(3, 4) - 3, torch.randn(6, 4) + 3):
+        for m in (eager, model):
+            m.zero_grad()
+        want = eager(x)
+        want.backward()
+        got = compiled(x)
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.lin.weight.grad, eager.lin.weight.grad, rtol=1e-5, atol=1e-5)
+    assert compiled._via_dynamo is not None
+
+
+def test_a_user_error_on_the_first_training_call_raises_and_does_not_stick() -> None:
+    """A training call that fails to trace because eager fails too raises (as eager does), and
+    the module is not left going through Dynamo: the next good call compiles as usual."""
+    model = torch.nn.Linear(4, 3)
+    compiled = novaforge.compile(model, backend="cpu")
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(2, 5))  # wrong feature size: eager raises
+    assert compiled._via_dynamo is None
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert compiled._via_dynamo is None
 
 
 def f_topk(x): return torch.topk(x, 2, dim=-1).values * 2 + x[..., :2]  # noqa: E704
@@ -166,9 +231,9 @@ def test_unsupported_mutation_of_a_view_is_an_error_or_correct() -> None:
 def test_data_dependent_shapes_are_a_clear_refusal() -> None:
     # a boolean mask: an UnsupportedError naming the op; a size read from data: a CaptureError
     # that is also an UnsupportedError (a clear refusal, not a crash of the tracer)
-    compiled = novaforge.compile(lambda x: x[x > 0].sum() * 2, backend="interpret")
+    compiled = novaforge.compile(lambda x: x[x > 0].sum() * 2, backend="interpret", fallback="raise")
     with pytest.raises(novaforge.UnsupportedError, match="aten.index.Tensor"):
         compiled(torch.randn(8))
     with pytest.raises(novaforge.UnsupportedError) as info:
-        novaforge.compile(f_item_size, backend="interpret")(torch.randn(3, 4))
+        novaforge.compile(f_item_size, backend="interpret", fallback="raise")(torch.randn(3, 4))
     assert isinstance(info.value, novaforge.CaptureError)

@@ -147,3 +147,44 @@ def test_forward_then_generate_through_torch_compile(make):
     finally:
         del model.forward
     assert torch.equal(got, want)
+
+
+def test_dynamic_rope_generates_and_trains_through_novaforge_compile():
+    """A Llama with dynamic RoPE scaling branches on a tensor value (`if seq_len >
+    max_seq_len_cached`, transformers' modeling_rope_utils.py), which one captured graph cannot
+    hold: `novaforge.compile(model)` goes through Dynamo for it (which splits the graph there)
+    instead of refusing. generate() past max_position_embeddings (where the branch flips) gives
+    eager's tokens with a bounded number of programs; training after generation (the rotary
+    module now holds a plain tensor attribute) gives eager's losses."""
+    import copy
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=128, max_position_embeddings=32,
+                            rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    model = tf.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 128, (2, 10))
+    mask = torch.ones_like(ids)
+    twin = copy.deepcopy(model)
+    want = _eager(model, ids, 40, attention_mask=mask)
+    compiled = novaforge.compile(twin)
+    built = nf_dynamo.PROGRAMS_BUILT[0]
+    with torch.no_grad():
+        got = compiled.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    assert torch.equal(got, want)
+    assert compiled._via_dynamo is not None
+    assert nf_dynamo.PROGRAMS_BUILT[0] - built < 20  # Dynamo's pieces around the branch, not one per token (40)
+    eager, trained = copy.deepcopy(model).train(), twin.train()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(trained.parameters(), lr=0.1)
+    for length in (12, 40):
+        x = torch.randint(0, 128, (2, length))
+        for m, opt in ((eager, opt_e), (compiled, opt_c)):
+            loss = m(x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if m is eager:
+                want_loss = loss.item()
+        assert abs(loss.item() - want_loss) <= 1e-4 * abs(want_loss)

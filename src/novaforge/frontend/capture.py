@@ -302,7 +302,7 @@ def _capture(module: Any, args: tuple, kwargs: dict | None, *, freeze: bool, mod
     try:
         graph, ctx = lower_fx(ep.graph_module, specs, output_nodes=outputs, mutations=mutations)
     except UnsupportedError as e:
-        raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
+        raise type(e)(f"{type(mod).__name__}: {e}") from None
     t3 = time.perf_counter()
     graph.meta["aten_ops"] = aten_ops
     return Captured(

@@ -632,7 +632,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
             # result dtype there follows its route, which the trace does not show): refuse clearly
             raise UnsupportedError(f"{e} (eager accepts these inputs by another route; not compiled)") from None
     except UnsupportedError as e:
-        raise UnsupportedError(f"{type(mod).__name__}: {e}") from None
+        raise type(e)(f"{type(mod).__name__}: {e}") from None  # (a DataDependentShapeError stays one)
     t2 = time.perf_counter()
     graph.meta["aten_ops"] = aten_ops
     del n_user_out

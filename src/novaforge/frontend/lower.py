@@ -40,6 +40,12 @@ class UnsupportedError(NotImplementedError):
     """An op or construct novaforge cannot compile; the message names the op and source line."""
 
 
+class DataDependentShapeError(UnsupportedError):
+    """An op whose output shape depends on tensor data (nonzero, a boolean mask): one graph of
+    static or symbolic sizes cannot hold it (`novaforge.compile` then goes through Dynamo,
+    which splits the graph there, unless `fallback="raise"`)."""
+
+
 def source_line(fx_node: torch.fx.Node) -> str:
     """The innermost user-code line of an FX node's stack trace ('file.py:12 in forward: code')."""
     st = fx_node.meta.get("stack_trace") or ""
@@ -107,7 +113,8 @@ def _size_value(n: torch.fx.Node) -> Any:
         return None
     d = conv.dim(val)
     if d is None:
-        raise UnsupportedError(f"{n.name}: a size that depends on tensor data; novaforge compiles static shapes")
+        raise DataDependentShapeError(f"{n.name}: a size that depends on tensor data; novaforge compiles static "
+                                      "shapes")
     return d
 
 
@@ -177,9 +184,10 @@ class LowerCtx:
                 return set(range(len(self.out_types)))
         return used
 
-    def unsupported(self, problem: str) -> UnsupportedError:
-        """The error a rule raises for a case it cannot compile (`raise ctx.unsupported(...)`)."""
-        return UnsupportedError(self.describe(problem))
+    def unsupported(self, problem: str, data_dependent: bool = False) -> UnsupportedError:
+        """The error a rule raises for a case it cannot compile (`raise ctx.unsupported(...)`);
+        `data_dependent`: its output shape depends on tensor data (DataDependentShapeError)."""
+        return (DataDependentShapeError if data_dependent else UnsupportedError)(self.describe(problem))
 
     def describe(self, problem: str) -> str:
         target = _target_name(self.target) if self.fx_node is not None else "?"
@@ -295,8 +303,8 @@ class LowerCtx:
             vals = n.meta.get("val") if isinstance(n.meta.get("val"), list | tuple) else [n.meta.get("val")]
             sizes = [d for v in vals if isinstance(v, torch.Tensor) for d in v.shape]
             if conv is None or not all(conv.dim(d) is not None for d in sizes):
-                raise UnsupportedError(self.describe("output shape depends on tensor data (data-dependent "
-                                                     "shape); novaforge compiles static shapes only"))
+                raise DataDependentShapeError(self.describe("output shape depends on tensor data (data-dependent "
+                                                            "shape); novaforge compiles static shapes only"))
             # output sizes are expressions of the capture's symbols: the call runs on each call's
             # tensors with its types specialized per size, unless a size is one of its arguments
             if any(not isinstance(a.meta.get("val"), torch.Tensor) for a in n.all_input_nodes):
@@ -654,6 +662,6 @@ def _check_result(ctx: LowerCtx, n: torch.fx.Node, result: Any) -> None:
             continue
         types = fake_types(w)
         if types is None:
-            raise UnsupportedError(ctx.describe("output shape depends on tensor data (data-dependent shape)"))
+            raise DataDependentShapeError(ctx.describe("output shape depends on tensor data (data-dependent shape)"))
         if g.type.shape != types[0].shape or g.type.dtype != types[0].dtype:
             raise AssertionError(ctx.describe(f"lowering bug: IR gives {g.type}, ATen gives {types[0]}"))

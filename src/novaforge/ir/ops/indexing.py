@@ -120,7 +120,7 @@ def _lower_index(ctx, x, indices):
             continue
         iv = ctx.val(a)
         if iv.type.dtype in (torch.bool, torch.uint8):
-            raise ctx.unsupported("boolean-mask indexing has a data-dependent shape")
+            raise ctx.unsupported("boolean-mask indexing has a data-dependent shape", data_dependent=True)
         axes.append(ax)
         idx.append(wrap_index(ctx, iv, v.type.shape[ax]))
     if len(idx) == 1:
