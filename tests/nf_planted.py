@@ -28,7 +28,8 @@ def plant_inplace_bug(monkeypatch):
             return _Always()
 
     monkeypatch.setattr(plan_memory_mod, "_inplace_candidates",
-                        lambda graph, last, buffers, ctx=None: orig(graph, LastUse(last), buffers, ctx))
+                        lambda graph, last, buffers, ctx=None, outputs=None: orig(graph, LastUse(last), buffers, ctx,
+                                                                                  outputs))
 
 
 def clobber_model(x, w):

@@ -190,6 +190,57 @@ def test_compiled_module_trains_with_gradients_like_eager():
         torch.testing.assert_close(c(batches[0][0]), b(batches[0][0]), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("entry", ["novaforge", "torch"])
+def test_backward_reuses_donated_activations_and_retain_graph_still_works(entry, monkeypatch):
+    """The backward program computes the logits' gradient in the memory of the saved log_softmax
+    (an AOTAutograd donated buffer: nothing else holds it), so its arena holds no vocabulary-sized
+    buffer; the forward computes the logits in the memory of the log_softmax it returns. A
+    backward that keeps the graph (`retain_graph=True`, then a second backward) gets copies of the
+    saved tensors and eager's gradients both times (AOTAutograd's own check used to refuse the
+    second call, after a first plain backward had compiled the program)."""
+    import novaforge.frontend.dynamo as nd
+
+    programs = []
+    init = nd._AtenGraphProgram.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        programs.append(self)
+
+    monkeypatch.setattr(nd._AtenGraphProgram, "__init__", recording_init)
+    torch._dynamo.reset()
+    a, b = _pair()
+    c = novaforge.compile(a, backend="cpu") if entry == "novaforge" else torch.compile(a, backend="novaforge")
+    x, y = _batches(1)[0]
+    logits_shape = (x.numel(), 512)  # tokens x vocabulary
+
+    def grads(model, fn, retain):
+        model.zero_grad(set_to_none=True)
+        loss = fn(x, y)
+        out = []
+        if retain:
+            loss.backward(retain_graph=True)
+            out.append([p.grad.clone() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+        loss.backward()
+        out.append([p.grad.clone() for p in model.parameters()])
+        return out
+
+    grads(a, c, retain=False)  # the programs are built by a plain backward
+    forward, backward = programs
+    assert backward.donated and not forward.donated
+    fplan = forward.stats[-1].graph.meta.memory_plan
+    bplan = backward.stats[-1].graph.meta.memory_plan
+    assert fplan.into_output and bplan.into_input, (fplan.summary(), bplan.summary())
+    for plan in (fplan, bplan):  # no [tokens, vocab] buffer in either arena
+        assert all(tuple(v.type.shape) != logits_shape for v in plan.offsets), plan.summary()
+    want = grads(b, b, retain=True)
+    got = grads(a, c, retain=True)
+    for w, g in zip(want, got, strict=True):
+        for gw, gg in zip(w, g, strict=True):
+            torch.testing.assert_close(gg, gw, atol=1e-5, rtol=1e-3)
+
+
 def _saved_bytes(forward_gm: torch.fx.GraphModule, n_user_outputs: int) -> int:
     """Bytes of the forward graph's outputs beyond the user's: what it saves for the backward."""
     (out,) = [n for n in forward_gm.graph.nodes if n.op == "output"]

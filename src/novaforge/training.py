@@ -87,9 +87,9 @@ class TrainEntry:
             return f.leaves
 
         self.programs: list[Any] = []  # the forward's and the backward's _AtenGraphProgram
-        compiler = _compile_aten(dict(options), self.programs)
-        self.compiled = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions(),
-                                     **partition_for(options))
+        self.compiled = aot_function(fn, fw_compiler=_compile_aten(dict(options), self.programs),
+                                     bw_compiler=_compile_aten(dict(options), self.programs, backward=True),
+                                     decompositions=_decompositions(), **partition_for(options))
         self._lock = threading.Lock()
 
     def stats(self) -> Any:
@@ -105,7 +105,12 @@ class TrainEntry:
         if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
             with TRACING_LOCK, self._lock, paused_gc(), tracing_flags():
                 try:
-                    outs = self.compiled(params, buffers, *tensors)
+                    # (a tracing context carries AOTAutograd's metadata, its donated buffers among
+                    # them, to the backward's compiler: frontend/dynamo.py `_take_donated`)
+                    from torch._subclasses.fake_tensor import FakeTensorMode
+
+                    with torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode())):
+                        outs = self.compiled(params, buffers, *tensors)
                 except Exception as e:
                     raise TraceFailed(f"AOTAutograd could not trace {type(self.module).__name__} for training: "
                                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e

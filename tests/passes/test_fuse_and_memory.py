@@ -229,3 +229,33 @@ def test_reduction_in_place_only_for_rows_read_elementwise():
     torch.testing.assert_close(out, fn(x))
     c = novaforge.compile(fn, backend="cpu")
     torch.testing.assert_close(c(x), fn(x))
+
+
+def test_an_intermediate_read_last_by_an_outputs_kernel_lives_in_the_output():
+    """A buffer that the kernel computing a graph output of its size reads last, along its rows,
+    lives in that output's memory on the CPU backend (which allocates fresh outputs before the
+    program runs): the logits of a log_softmax take no arena bytes. Not when the buffer is read
+    again later, nor on a backend that does not place intermediates in outputs."""
+    w = torch.randn(24, 40)
+
+    def fn(x):
+        return torch.log_softmax(x @ w, -1)
+
+    def read_later(x):
+        y = x @ w
+        return torch.log_softmax(y, -1), y.sum(-1)
+
+    x = torch.randn(16, 24)
+    for f, paired in ((fn, True), (read_later, False)):
+        c = novaforge.compile(f, backend="cpu")
+        torch.testing.assert_close(c(x), f(x), atol=1e-5, rtol=1e-5)
+        plan = c.stats().graph.meta.memory_plan
+        (y,) = [n.outputs[0] for n in c.stats().graph.nodes if n.op == "kernel"
+                and n.attrs["kernel"].kind == "matmul"]
+        assert (y in plan.into_output) == paired, plan.summary()
+        assert (y in plan.offsets) != paired
+        again = c(x + 1)  # the next call's output is its own memory
+        torch.testing.assert_close(again, f(x + 1), atol=1e-5, rtol=1e-5)
+    interpreted = novaforge.compile(fn, backend="interpret")
+    interpreted(x)
+    assert not interpreted.stats().graph.meta.memory_plan.into_output

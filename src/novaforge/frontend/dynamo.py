@@ -144,9 +144,12 @@ class _AtenGraphProgram:
     itself (eager) where novaforge cannot compile it."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | Options,
-                 part: bool = False) -> None:
+                 part: bool = False, donated: Sequence[int] = ()) -> None:
         self.gm = gm
-        self.part = part  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
+        self.part = part
+        # placeholders (a backward's saved activations) whose buffers the program may overwrite
+        # after their last read; a backward that keeps its graph (retain_graph) passes copies
+        self.donated = sorted(donated)  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
         self.options = Options.of(options)
         self.fallback_mode = self.options.fallback
         if self.fallback_mode not in FALLBACK_MODES:
@@ -210,6 +213,8 @@ class _AtenGraphProgram:
             graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
         graph.meta["aten_ops"] = aten
+        if self.donated:
+            graph.meta.donated = frozenset(placeholders[i].name for i in self.donated)
         sizes = [conv.dim(n.meta["val"]) if conv is not None and isinstance(n.meta.get("val"), torch.SymInt) else None
                  for n in placeholders]
         return graph, ctx, specs, out_args, constants, (conv.finish() if conv is not None else None), sizes
@@ -238,6 +243,8 @@ class _AtenGraphProgram:
         return _Runner(program, optimized, constants, len(out_args), tensor_pos)
 
     def __call__(self, *args: Any) -> list[Any]:
+        if self.donated and torch._C._autograd._get_current_graph_task_keep_graph():
+            args = _copies_of(args, self.donated)  # (the saved tensors serve another backward)
         key = _signature(args)
         runner = self.programs.get(key)
         if runner is None and self.shared is not False:
@@ -533,14 +540,37 @@ class _EagerRunner:
         return list(self.gm(*args))
 
 
-def _compile_aten(options: dict[str, Any], programs: list | None = None):
+def _copies_of(args: Sequence[Any], positions: Sequence[int]) -> list[Any]:
+    out = list(args)
+    for i in positions:
+        if i < len(out) and isinstance(out[i], torch.Tensor):
+            out[i] = out[i].clone()
+    return out
+
+
+def _take_donated() -> list[int]:
+    """The backward's placeholders that AOTAutograd found donated (saved activations that alias
+    no input, user output or gradient: `collect_bw_donated_buffer_idxs`), read from the tracing
+    context; its own list is then emptied, so that a later `backward(retain_graph=True)` is not
+    refused: this program copies those inputs itself whenever the graph is kept."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    idxs = list(getattr(meta, "bw_donated_idxs", None) or [])
+    if meta is not None and idxs:
+        meta.bw_donated_idxs = []
+    return idxs
+
+
+def _compile_aten(options: dict[str, Any], programs: list | None = None, backward: bool = False):
     """An AOTAutograd graph compiler; each compiled graph's _AtenGraphProgram is appended to
-    `programs` when given (forward first, then backward)."""
+    `programs` when given (forward first, then backward). `backward`: the backward compiler,
+    which may overwrite the donated saved activations (`_take_donated`)."""
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
         from torch._functorch.aot_autograd import make_boxed_func
 
         logs.configure()  # NOVAFORGE_LOGS applies to the Dynamo entry point too
-        program = _AtenGraphProgram(gm, example_inputs, options)
+        donated = _take_donated() if backward and Options.of(options).inplace else []
+        program = _AtenGraphProgram(gm, example_inputs, options, donated=donated)
         if programs is not None:
             programs.append(program)
 
@@ -576,6 +606,5 @@ def novaforge_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     from torch._dynamo.backends.common import aot_autograd
 
     opts = dict(options.get("options") or {})
-    compiler = _compile_aten(opts)
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=_decompositions(),
-                        **partition_for(opts))(gm, example_inputs)
+    return aot_autograd(fw_compiler=_compile_aten(opts), bw_compiler=_compile_aten(opts, backward=True),
+                        decompositions=_decompositions(), **partition_for(opts))(gm, example_inputs)

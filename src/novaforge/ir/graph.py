@@ -158,11 +158,13 @@ class GraphInput:
 class GraphMeta(MutableMapping):
     """What stages hand on about a whole graph, as typed fields: the ATen op count of the
     captured program (capture), the executor of every node and the number of transitions
-    (place), the memory plan (plan_memory). Writers set attributes (`meta.memory_plan = plan`);
+    (place), the memory plan (plan_memory), the names of the inputs whose buffers the program may
+    overwrite once it no longer reads them (`donated`: a backward's saved activations that nothing
+    else holds; AOTAutograd's donated buffers). Writers set attributes (`meta.memory_plan = plan`);
     the mapping interface (`meta.get("memory_plan")`, `meta["aten_ops"]`, `dict(meta)`) serves
     readers and serializers and accepts only these names. An unset field is absent."""
 
-    FIELDS = ("aten_ops", "placement", "transitions", "memory_plan")
+    FIELDS = ("aten_ops", "placement", "transitions", "memory_plan", "donated")
     __slots__ = FIELDS
 
     def __init__(self, values: Mapping[str, Any] | None = None) -> None:
@@ -175,6 +177,7 @@ class GraphMeta(MutableMapping):
     placement: dict[Any, str] | None  # Node -> executor ("cpu", "triton", "torch", "view")
     transitions: int | None
     memory_plan: Any  # passes.plan_memory.MemoryPlan
+    donated: frozenset[str] | None  # input names the program may overwrite after their last read
 
     def copy(self) -> GraphMeta:
         return GraphMeta(self)

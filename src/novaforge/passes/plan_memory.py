@@ -12,6 +12,13 @@ computes a row's reductions from loads first and then, in its last pass, stores 
 element after loading the inputs at that element, and a row is never split between threads or
 programs, so no element is read after it was overwritten. `verify_plan` checks the invariant:
 no two buffers whose intervals intersect overlap in the arena, except such in-place pairs.
+The same rule lets a buffer live outside the arena, on backends that bind inputs and allocate
+fresh outputs before the program runs (`intermediates_in_io`): in a fresh output's memory, when
+the kernel computing that output of its size reads it last (a training forward's logits,
+rewritten in place by the log_softmax that the backward keeps: `MemoryPlan.into_output`), or in
+a donated input's memory (graph.meta.donated: a backward's saved activation that nothing else
+holds), when the kernel computing it reads that input last (the gradient of the logits, computed
+over the saved log_softmax: `MemoryPlan.into_input`). Neither then takes arena bytes.
 
 With symbolic sizes (one program for a range of sizes) the liveness and the in-place pairs
 are computed once (they do not depend on sizes) and the offsets are placed for each call's
@@ -40,6 +47,8 @@ class MemoryPlan:
     intervals: dict[Value, tuple[int, int]]
     fresh: set[Value] = field(default_factory=set)
     inplace: dict[Value, Value] = field(default_factory=dict)  # output -> input whose buffer it reuses
+    into_output: dict[Value, Value] = field(default_factory=dict)  # buffer -> fresh output whose memory it uses
+    into_input: dict[Value, Value] = field(default_factory=dict)  # buffer -> donated input whose memory it uses
     sum_bytes: int = 0  # all intermediates, as if each had its own allocation
     symbolic: bool = False  # sizes are expressions of size symbols: offsets are placed per call (`at`)
 
@@ -47,7 +56,7 @@ class MemoryPlan:
         """The plan for concrete symbol values: the same buffers, intervals and in-place pairs,
         offsets placed for these sizes (and verified)."""
         plan = MemoryPlan(0, {}, {v: substitute(n, values) for v, n in self.sizes.items()}, self.intervals,
-                          self.fresh, self.inplace)
+                          self.fresh, self.inplace, self.into_output, self.into_input)
         _place(plan, PassContext())
         verify_plan(plan)
         return plan
@@ -55,7 +64,9 @@ class MemoryPlan:
     def summary(self) -> str:
         return (f"arena {self.arena_bytes / 2**20:.2f} MiB for {len(self.offsets)} buffers "
                 f"(sum of intermediates {self.sum_bytes / 2**20:.2f} MiB, "
-                f"{len(self.inplace)} in place, {len(self.fresh)} fresh outputs)")
+                f"{len(self.inplace)} in place, {len(self.fresh)} fresh outputs"
+                + (f", {len(self.into_output)} computed in an output's memory" if self.into_output else "")
+                + (f", {len(self.into_input)} in a donated input's" if self.into_input else "") + ")")
 
 
 def _align(n: int) -> int:
@@ -63,16 +74,20 @@ def _align(n: int) -> int:
 
 
 def _inplace_candidates(graph: Graph, last: dict[Value, int], buffers: set[Value],
-                        ctx: PassContext | None = None) -> dict[Value, Value]:
+                        ctx: PassContext | None = None, outputs: set[Value] | None = None) -> dict[Value, Value]:
+    """Output -> input pairs of kernels that may write the output over the input: `buffers`
+    (arena buffers, or donated graph inputs) as the inputs, and `outputs` (default: the same
+    buffers; fresh outputs, or arena buffers for donated inputs) as the outputs."""
     pairs: dict[Value, Value] = {}
     used_inputs: set[Value] = set()
+    targets = buffers if outputs is None else outputs
     for i, n in enumerate(graph.nodes):
         if not OPS[n.op].has("fused") or n.attrs["kernel"].kind not in ("pointwise", "reduction"):
             continue
         body = n.attrs["kernel"].body
         reduction = n.attrs["kernel"].kind == "reduction"
         for bo, o in zip(body.outputs, n.outputs, strict=True):
-            if o not in buffers or o in pairs:
+            if o not in targets or o in pairs:
                 continue
             for bi, v in zip(body.inputs, n.inputs, strict=True):
                 if (v in buffers and v not in used_inputs and last.get(v) == i and v.type.nbytes == o.type.nbytes
@@ -113,10 +128,21 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     kernels = [n for n in graph.nodes if OPS[n.op].has("fused")]
     buffers = {o for n in kernels for o in n.outputs if o not in escaping}
     fresh = {o for n in kernels for o in n.outputs if o in escaping}
+    into_output: dict[Value, Value] = {}
+    into_input: dict[Value, Value] = {}
+    if ctx.options.inplace and getattr(ctx.backend, "intermediates_in_io", False):
+        returned = set(graph.outputs) - {new for _, new in graph.mutations} - set(root)  # (not views)
+        pairs = _inplace_candidates(graph, last, buffers - set(root.values()), ctx, outputs=fresh & returned)
+        into_output = {v: o for o, v in pairs.items()}
+        buffers -= set(into_output)
+        donated = _donated_inputs(graph, root, escaping)
+        if donated:
+            into_input = _inplace_candidates(graph, last, donated, ctx, outputs=buffers)
+            buffers -= set(into_input)
     intervals = {v: (defined[v], last.get(v, defined[v])) for v in buffers}
     sizes = {v: _align(max(v.type.nbytes, 1)) for v in buffers}
     inplace = _inplace_candidates(graph, last, buffers, ctx) if ctx.options.inplace else {}
-    plan = MemoryPlan(0, {}, sizes, intervals, fresh, inplace)
+    plan = MemoryPlan(0, {}, sizes, intervals, fresh, inplace, into_output, into_input)
     if is_symbolic(list(sizes.values())):
         # sizes known per call only: the liveness and in-place pairs hold for every size, the
         # offsets are placed for each call's sizes (`MemoryPlan.at`); the plan shown is at the hints
@@ -129,9 +155,23 @@ def plan_memory(graph: Graph, ctx: PassContext | None = None) -> Graph:
     ctx.count("arena_bytes", plan.arena_bytes)
     ctx.count("sum_intermediate_bytes", plan.sum_bytes)
     ctx.count("inplace", len(inplace))
+    ctx.count("into_output", len(into_output))
+    ctx.count("into_input", len(into_input))
     meta = graph.meta.copy()
     meta.memory_plan = plan
     return Graph(graph.inputs, graph.nodes, graph.outputs, graph.mutations, meta)
+
+
+def _donated_inputs(graph: Graph, root: dict[Value, Value], escaping: set[Value]) -> set[Value]:
+    """The graph's donated inputs (graph.meta.donated) that no output, write-back or mutation
+    names, themselves or through a view, and that no view reads (a view would alias them)."""
+    names = graph.meta.donated
+    if not names:
+        return set()
+    viewed = set(root.values())
+    held = {root.get(v, v) for v in escaping} | {old for old, _ in graph.mutations}
+    return {gi.value for gi in graph.inputs
+            if gi.name in names and gi.kind == "user" and gi.value not in held and gi.value not in viewed}
 
 
 def hinted_values() -> dict:

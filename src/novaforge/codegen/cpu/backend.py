@@ -61,6 +61,9 @@ class CpuBackend:
 
     name = "cpu"
     symbolic_programs = True  # builds one program for a range of sizes (a graph with symbolic sizes)
+    # fresh outputs exist before the program runs and inputs are bound to slots: an intermediate
+    # may live in a fresh output's or a donated input's memory (plan_memory's into_output, into_input)
+    intermediates_in_io = True
 
     def __init__(self) -> None:
         self._plans: dict[str, KernelPlan] = {}
@@ -389,6 +392,7 @@ class _Layout:
         # kernels that update a mutated input in place (a KV cache's index_copy): kernel -> target
         self.inplace: dict[int, str] = {}
         self._inplace_of: dict[Value, Value] = {}
+        fresh_slot: dict[Value, int] = {}  # fresh outputs an intermediate is computed into first
         updates = _inplace_updates(graph, self._input_pos)
         in_place = pointwise_updates(graph, self._input_pos, ("pointwise", "matmul")) if inplace else {}
         for n in graph.nodes:
@@ -405,7 +409,17 @@ class _Layout:
                 continue
             into = in_place.get(id(n), {})
             for o in n.outputs:
-                if o in into:  # a mutated input's new value, computed into the input's own buffer
+                if o in plan.into_input:  # an intermediate in a donated input's memory (a saved activation)
+                    x = plan.into_input[o]
+                    self._slot[o] = self._slot[x]
+                    self.slots[self._slot[x]].written = True
+                elif o in plan.into_output or o in fresh_slot:  # (an intermediate in an output's memory)
+                    out = plan.into_output.get(o, o)
+                    if out not in fresh_slot:
+                        fresh_slot[out] = self._add(SlotSpec("fresh", out.type, index=fresh))
+                        fresh += 1
+                    self._slot[o] = fresh_slot[out]
+                elif o in into:  # a mutated input's new value, computed into the input's own buffer
                     x = into[o]
                     self._slot[o] = self._slot[x]
                     self._inplace_of[o] = x
