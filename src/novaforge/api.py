@@ -63,23 +63,27 @@ class CompileStats:
 
 
 def _dynamo_can_take(e: BaseException) -> bool:
-    """A compile failure that Dynamo's graph splitting may get past: control flow on tensor
-    values, or a training trace that failed (training.TraceFailed; tried once through Dynamo)."""
+    """A compile failure that Dynamo may get past (it splits graphs and replays side effects):
+    what one graph cannot hold (`_beyond_one_graph`), or a training trace that failed
+    (training.TraceFailed; tried once through Dynamo)."""
     from .training import TraceFailed
 
-    return isinstance(e, TraceFailed) or _data_dependent(e)
+    return isinstance(e, TraceFailed) or _beyond_one_graph(e)
 
 
-def _data_dependent(e: BaseException | None) -> bool:
-    """A capture or trace that failed on control flow or shapes depending on tensor values
-    (ours, or torch's own exception from AOTAutograd's trace of a training call)."""
+def _beyond_one_graph(e: BaseException | None) -> bool:
+    """A capture or trace that failed on what one traced graph cannot hold: control flow or
+    shapes depending on tensor values (ours, or torch's own exception from AOTAutograd's trace
+    of a training call), tensors assigned to module attributes (state between calls), or Python
+    the tracer cannot follow where eager runs."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    from .frontend.capture import DataDependentError
+    from .frontend.capture import DataDependentError, StatefulForwardError, UntraceableError
     from .frontend.lower import DataDependentShapeError
 
-    kinds = (DataDependentError, DataDependentShapeError, DataDependentOutputException, GuardOnDataDependentSymNode)
+    kinds = (DataDependentError, DataDependentShapeError, DataDependentOutputException, GuardOnDataDependentSymNode,
+             StatefulForwardError, UntraceableError)
     seen = 0
     while e is not None and seen < 8:
         if isinstance(e, kinds):
@@ -159,20 +163,25 @@ class CompiledModule:
         self._fall_back_to_dynamo(error)
         try:
             return self._dynamo_call(args, kwargs)
-        except Exception:
-            if _data_dependent(error):
-                raise
-            with self._lock:  # not a capture limit after all (eager raises too, through Dynamo): undone
+        except Exception as through_dynamo:
+            # undone: eager raises too (a user error met by the training trace: Dynamo's is
+            # eager's error), or Dynamo cannot trace it either (the capture's refusal says why)
+            with self._lock:
                 self._via_dynamo = None
                 self._train_entries = {k: v for k, v in self._train_entries.items() if v.out_spec is not None}
-            raise
+            from .training import TraceFailed
+
+            if isinstance(error, TraceFailed):
+                raise
+            raise error from through_dynamo
 
     def _fall_back_to_dynamo(self, e: BaseException) -> None:
         """Capture met Python control flow on tensor values (transformers' dynamic RoPE: `if
         seq_len > max_seq_len_cached`), which one graph cannot hold: from now on every call goes
         through `torch.compile(fn, backend="novaforge")` with this module's options. Dynamo splits
         the graph at such a branch and novaforge compiles each piece (inference and training; a
-        `generate()` forward too). `fallback="raise"` raises the capture error instead."""
+        `generate()` forward too). `fallback="raise"` raises the capture error instead; so does
+        a call that fails through Dynamo too (and the next call captures again)."""
         with self._lock:
             if self._via_dynamo is None:
                 where = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .frontend import pytrees
-from .frontend.capture import TRACING_LOCK, shadow_module
+from .frontend.capture import TRACING_LOCK, shadow_module, tensor_attributes_watched
 from .frontend.capture_fx import tracing_flags
 from .frontend.lower import COMPOSITES
 from .frontend.module_state import ModuleModes
@@ -67,7 +67,7 @@ class TrainEntry:
         from .frontend.dynamo import _compile_aten, _decompositions, partition_for
 
         self.module = module
-        shadow = shadow_module(module)
+        self.shadow = shadow = shadow_module(module)
         self.pnames = [n for n, _ in module.named_parameters()]
         self.bnames = [n for n, _ in module.named_buffers()]
         flat = pytrees.flatten((tuple(args), dict(kwargs)))
@@ -109,7 +109,8 @@ class TrainEntry:
                     # them, to the backward's compiler: frontend/dynamo.py `_take_donated`)
                     from torch._subclasses.fake_tensor import FakeTensorMode
 
-                    with torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode())):
+                    with torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode())), \
+                            tensor_attributes_watched(self.shadow, type(self.module).__name__):
                         outs = self.compiled(params, buffers, *tensors)
                 except Exception as e:
                     raise TraceFailed(f"AOTAutograd could not trace {type(self.module).__name__} for training: "

@@ -237,3 +237,42 @@ def test_data_dependent_shapes_are_a_clear_refusal() -> None:
     with pytest.raises(novaforge.UnsupportedError) as info:
         novaforge.compile(f_item_size, backend="interpret", fallback="raise")(torch.randn(3, 4))
     assert isinstance(info.value, novaforge.CaptureError)
+
+
+class _Running(torch.nn.Module):
+    """Keeps a state between calls in a plain tensor attribute (as RecurrentGemma's recurrent
+    and convolution states)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.state = torch.zeros(4)
+
+    def forward(self, x):
+        h = self.lin(x) + self.state
+        self.state = h.detach().mean(0)
+        return h.tanh()
+
+
+def test_state_in_tensor_attributes_is_carried_between_calls(caplog) -> None:
+    """A forward that assigns a tensor to a module attribute would lose that assignment in a
+    compiled program (the next call reading the state of the first): novaforge.compile goes
+    through Dynamo for it, whose calls carry the state as eager's do; with fallback="raise" it
+    refuses, naming the attribute, and leaves the module's attribute as it was."""
+    torch.manual_seed(0)
+    eager = _Running()
+    model = _Running()
+    model.load_state_dict(eager.state_dict())
+    refused = novaforge.compile(model, backend="cpu", fallback="raise")
+    before = model.state
+    with pytest.raises(novaforge.CaptureError, match="state"), torch.no_grad():
+        refused(torch.randn(3, 4))
+    assert model.state is before  # the traced value assigned during the capture was taken back
+    compiled = novaforge.compile(model, backend="cpu")
+    with caplog.at_level("WARNING", logger="novaforge"):
+        for _ in range(4):
+            x = torch.randn(3, 4)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.state, eager.state, rtol=1e-5, atol=1e-5)
+    assert any("assigns tensors to module attributes (state)" in r.getMessage() for r in caplog.records)

@@ -188,3 +188,22 @@ def test_dynamic_rope_generates_and_trains_through_novaforge_compile():
             if m is eager:
                 want_loss = loss.item()
         assert abs(loss.item() - want_loss) <= 1e-4 * abs(want_loss)
+
+
+def test_recurrent_state_in_module_attributes_generates_eagers_tokens():
+    """RecurrentGemma keeps its recurrent and convolution states in module attributes that its
+    forward reassigns: a compiled program would drop them and decode from stale state (different
+    tokens, silently, before). novaforge.compile goes through Dynamo for it."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = tf.RecurrentGemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, lru_width=64,
+                                     attention_window_size=16, pad_token_id=0)
+    model = tf.RecurrentGemmaForCausalLM(config).eval()
+    ids = torch.randint(1, 128, (2, 10))
+    want = _eager(model, ids, 12)
+    compiled = novaforge.compile(model)
+    with torch.no_grad():
+        got = compiled.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(got, want)
+    assert compiled._via_dynamo is not None

@@ -14,6 +14,7 @@ module and the reason (data-dependent control flow names the user's source line)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
@@ -32,6 +33,21 @@ from .lower import InputSpec, UnsupportedError, lower_fx
 
 class CaptureError(RuntimeError):
     """The model could not be traced into a graph."""
+
+
+class UntraceableError(CaptureError, UnsupportedError):
+    """The tracer could not follow a forward that eager runs on the same inputs (Python that
+    behaves differently under tracing: transformers' compile-time branches, a library call on a
+    traced value): `novaforge.compile` then goes through Dynamo, which runs such Python as
+    bytecode and splits the graph where it must (unless `fallback="raise"`)."""
+
+
+class StatefulForwardError(CaptureError, UnsupportedError):
+    """The forward assigns tensors to module attributes (state kept between calls outside the
+    parameters, buffers and arguments: RecurrentGemma's recurrent and convolution states): a
+    compiled program, a pure function of its inputs, would drop those assignments, so the next
+    call would read stale state. `novaforge.compile` then goes through Dynamo, which replays
+    such side effects (unless `fallback="raise"`)."""
 
 
 class DataDependentError(CaptureError, UnsupportedError):
@@ -174,6 +190,51 @@ def shadow_module(module: torch.nn.Module) -> torch.nn.Module:
     return root
 
 
+def _tensor_state(value: Any) -> Any:
+    """What identifies an attribute value that holds tensors (a tensor, or a list / tuple of
+    them) by identity; None for any other value."""
+    if isinstance(value, torch.Tensor):
+        return id(value)
+    if isinstance(value, (list, tuple)) and value and any(isinstance(v, torch.Tensor) for v in value):
+        return tuple(id(v) for v in value)
+    return None
+
+
+@contextlib.contextmanager
+def tensor_attributes_watched(root: torch.nn.Module, name: str = ""):
+    """Within the block (a trace of `root`), no module of the tree may assign a tensor (or a list
+    of tensors) to a plain attribute, nor replace or drop one: on leaving, such an assignment
+    raises StatefulForwardError naming the attributes, and every changed attribute gets its old
+    value back (the traced tensors assigned are fakes or proxies)."""
+    from .module_state import NN_INTERNAL
+
+    modules = list(root.named_modules(remove_duplicate=True)) if isinstance(root, torch.nn.Module) else []
+    before = [{k: v for k, v in m.__dict__.items() if k not in NN_INTERNAL} for _, m in modules]
+    changed = []
+    try:
+        yield
+    finally:
+        for (path, m), old in zip(modules, before, strict=True):
+            d = m.__dict__
+            for k in set(d) | set(old):
+                if k in NN_INTERNAL:
+                    continue
+                a, b = old.get(k), d.get(k)
+                sa, sb = _tensor_state(a), _tensor_state(b)
+                if (sa is None and sb is None) or sa == sb:
+                    continue
+                changed.append(f"{path + '.' if path else ''}{k}")
+                if k in old:
+                    d[k] = a
+                else:
+                    del d[k]
+    if changed:
+        raise StatefulForwardError(
+            f"{name or type(root).__name__}'s forward assigns tensors to module attributes ({', '.join(changed[:4])}"
+            f"{', ...' if len(changed) > 4 else ''}): state kept between calls outside parameters, buffers and "
+            "arguments, which one compiled program would drop")
+
+
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -210,8 +271,9 @@ def capture(module: Any, args: tuple, kwargs: dict | None = None, *, freeze: boo
             mod = shadow_module(module) if isinstance(module, torch.nn.Module) else _FnModule(module)
             if not isinstance(module, torch.nn.Module):
                 _keep_source_lines_of(module)
-            return capture_fx(mod, tuple(args), kwargs or {}, freeze=freeze,
-                              is_function=not isinstance(module, torch.nn.Module), dynamic=dynamic)
+            with tensor_attributes_watched(mod, type(module).__name__):
+                return capture_fx(mod, tuple(args), kwargs or {}, freeze=freeze,
+                                  is_function=not isinstance(module, torch.nn.Module), dynamic=dynamic)
         return _capture(module, args, kwargs, freeze=freeze, mode=mode, fake=fake)
 
 
@@ -227,10 +289,12 @@ def _capture(module: Any, args: tuple, kwargs: dict | None, *, freeze: bool, mod
     if mode == "fx":
         from .capture_fx import capture_fx
 
-        return capture_fx(mod, tuple(args), kwargs, freeze=freeze and not fake,
-                          is_function=not isinstance(module, torch.nn.Module), fake=fake)
+        with tensor_attributes_watched(mod, type(module).__name__):
+            return capture_fx(mod, tuple(args), kwargs, freeze=freeze and not fake,
+                              is_function=not isinstance(module, torch.nn.Module), fake=fake)
     t0 = time.perf_counter()
-    ep = _export(mod, tuple(args), kwargs)
+    with tensor_attributes_watched(mod, type(module).__name__):
+        ep = _export(mod, tuple(args), kwargs)
     t1 = time.perf_counter()
     if _mutating(ep.graph_module):
         ep = ep.run_decompositions({})

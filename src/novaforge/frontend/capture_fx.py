@@ -478,7 +478,7 @@ def _eager_error(traced, example: tuple) -> BaseException | None:
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                 fake: bool, stacks: bool, dynamic: list | None = None):
 
-    from .capture import Captured, CaptureError, DataDependentError
+    from .capture import Captured, CaptureError, DataDependentError, UntraceableError
 
     params = dict(mod.named_parameters())
     buffers = dict(mod.named_buffers())
@@ -556,7 +556,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         if dd:
             raise _traced(DataDependentError(msg)) from e
         if not fake:  # eager runs these inputs, the tracer cannot: a clear refusal, not a crash
-            raise _traced(UnsupportedError(msg)) from e
+            raise _traced(UntraceableError(msg)) from e
         raise CaptureError(msg) from e
     t1 = time.perf_counter()
     if out_info.get("consts"):
