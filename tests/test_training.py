@@ -190,24 +190,30 @@ def test_compiled_module_trains_with_gradients_like_eager():
         torch.testing.assert_close(c(batches[0][0]), b(batches[0][0]), atol=1e-4, rtol=1e-4)
 
 
+@pytest.fixture
+def programs(monkeypatch) -> list:
+    """Every _AtenGraphProgram built during the test, in order (a forward before its backward)."""
+    import novaforge.frontend.dynamo as nd
+
+    built: list = []
+    init = nd._AtenGraphProgram.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(nd._AtenGraphProgram, "__init__", recording_init)
+    return built
+
+
 @pytest.mark.parametrize("entry", ["novaforge", "torch"])
-def test_backward_reuses_donated_activations_and_retain_graph_still_works(entry, monkeypatch):
+def test_backward_reuses_donated_activations_and_retain_graph_still_works(entry, programs):
     """The backward program computes the logits' gradient in the memory of the saved log_softmax
     (an AOTAutograd donated buffer: nothing else holds it), so its arena holds no vocabulary-sized
     buffer; the forward computes the logits in the memory of the log_softmax it returns. A
     backward that keeps the graph (`retain_graph=True`, then a second backward) gets copies of the
     saved tensors and eager's gradients both times (AOTAutograd's own check used to refuse the
     second call, after a first plain backward had compiled the program)."""
-    import novaforge.frontend.dynamo as nd
-
-    programs = []
-    init = nd._AtenGraphProgram.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        programs.append(self)
-
-    monkeypatch.setattr(nd._AtenGraphProgram, "__init__", recording_init)
     torch._dynamo.reset()
     a, b = _pair()
     c = novaforge.compile(a, backend="cpu") if entry == "novaforge" else torch.compile(a, backend="novaforge")
@@ -249,20 +255,10 @@ def _saved_bytes(forward_gm: torch.fx.GraphModule, n_user_outputs: int) -> int:
 
 
 @pytest.mark.parametrize("entry", ["novaforge", "torch"])
-def test_memory_budget_through_both_entry_points(entry, monkeypatch):
+def test_memory_budget_through_both_entry_points(entry, programs):
     """memory_budget below 1 gives AOTAutograd's min-cut partitioner that activation budget: the
     forward saves fewer bytes for the backward (the backward recomputes the rest), and the
     gradients stay eager's."""
-    import novaforge.frontend.dynamo as nd
-
-    programs = []
-    init = nd._AtenGraphProgram.__init__
-
-    def recording_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        programs.append(self)
-
-    monkeypatch.setattr(nd._AtenGraphProgram, "__init__", recording_init)
     saved = {}
     for budget in (1.0, 0.0):
         programs.clear()

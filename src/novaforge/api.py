@@ -127,7 +127,7 @@ class CompiledModule:
         self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
         self._trainer: Any = None  # calls that need gradients at varying sizes (Dynamo, dynamic shapes)
-        self._via_dynamo: Any = None  # every call, once capture met control flow on tensor values
+        self._via_dynamo: Any = None  # every call, once capture met what one traced graph cannot hold
         self._warned_closure = False  # warned once that closure tensors requiring grad run eagerly
         self._lock = threading.RLock()  # concurrent first calls compile a signature once
         self.compilations = 0
@@ -176,12 +176,14 @@ class CompiledModule:
             raise error from through_dynamo
 
     def _fall_back_to_dynamo(self, e: BaseException) -> None:
-        """Capture met Python control flow on tensor values (transformers' dynamic RoPE: `if
-        seq_len > max_seq_len_cached`), which one graph cannot hold: from now on every call goes
-        through `torch.compile(fn, backend="novaforge")` with this module's options. Dynamo splits
-        the graph at such a branch and novaforge compiles each piece (inference and training; a
-        `generate()` forward too). `fallback="raise"` raises the capture error instead; so does
-        a call that fails through Dynamo too (and the next call captures again)."""
+        """Capture met what one traced graph cannot hold (`_dynamo_can_take`: a branch on a tensor
+        value such as transformers' dynamic RoPE `if seq_len > max_seq_len_cached`, a data-dependent
+        shape, state assigned to module attributes, Python the tracer cannot follow): from now on
+        every call goes through `torch.compile(fn, backend="novaforge")` with this module's
+        options. Dynamo splits the graph there, replays attribute assignments, and novaforge
+        compiles each piece (inference and training; a `generate()` forward too).
+        `fallback="raise"` raises the capture error instead; so does a call that fails through
+        Dynamo too (and the next call captures again)."""
         with self._lock:
             if self._via_dynamo is None:
                 where = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -44,7 +44,7 @@ class Options:
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
     fallback: str = "eager"  # a graph novaforge cannot compile runs eagerly (torch.compile) or through Dynamo
-    # (novaforge.compile: control flow or shapes on tensor values), or "raise"
+    # (novaforge.compile: what one traced graph cannot hold, docs/semantics.md), or "raise"
     symbolic_programs: bool = True  # dynamic graphs: one program for every size (backends that build them: cpu, triton)
     tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
     static_parts: bool = True  # torch.compile, dynamic graphs: that eager run uses compiled static parts

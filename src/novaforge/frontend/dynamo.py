@@ -146,10 +146,10 @@ class _AtenGraphProgram:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | Options,
                  part: bool = False, donated: Sequence[int] = ()) -> None:
         self.gm = gm
-        self.part = part
+        self.part = part  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
         # placeholders (a backward's saved activations) whose buffers the program may overwrite
         # after their last read; a backward that keeps its graph (retain_graph) passes copies
-        self.donated = sorted(donated)  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
+        self.donated = sorted(donated)
         self.options = Options.of(options)
         self.fallback_mode = self.options.fallback
         if self.fallback_mode not in FALLBACK_MODES:
