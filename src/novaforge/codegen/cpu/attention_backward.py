@@ -157,12 +157,24 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
         # and K's rows [S][E] unless they are read in place (float32, unit stride along E)
         c(f"float* ktb = nf_scratch(0, {SP * (E + Ev) + S * (E + Ev) + (0 if k_in_place else S * E)});")
         c(f"float* vtb = ktb + {SP * E}; float* dka = vtb + {SP * Ev}; float* dva = dka + {S * E};")
+        c("#pragma omp simd")
         c(f"for (int64_t x = 0; x < {S * (E + Ev)}; x++) dka[x] = 0.0f;  // (dva follows dka)")
         if k_in_place:
             c(f"const float* kr = kp; const int64_t ldk = {k.layout.strides[-2]};")
         else:
             c(f"float* kr = dva + {S * Ev}; const int64_t ldk = {E};")
         for nm, x, w, buf in (("k", k, E, "ktb"), ("v", v, Ev, "vtb")):
+            if not bf16 and x.layout.strides[-1] == 1:  # rows contiguous: a register block at a time
+                c.open(f"for (int64_t j0 = 0; j0 < {SP}; j0 += {BK})")
+                c(f"float* tile = {buf} + j0 * {w};")
+                c(f"const int64_t nj = {S} - j0 < {BK} ? {S} - j0 : {BK};")
+                ldx = x.layout.strides[-2]
+                c(f"nf_transpose_into({nm}p + j0 * {ldx}, {ldx}, nj, {w}, tile, {BK});")
+                if S % BK:
+                    c(f"for (int64_t e = 0; e < {w}; e++) "
+                      f"for (int64_t j = nj; j < {BK}; j++) tile[e * {BK} + j] = 0.0f;")
+                c.close()
+                continue
             c.open(f"for (int64_t j0 = 0; j0 < {SP}; j0 += {BK})")
             c(f"float* tile = {buf} + j0 * {w};")
             c.open(f"for (int64_t j = 0; j < {BK}; j++)")
@@ -192,12 +204,22 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
         c(f"{T}* dqp = dqg + b * {dqst} + h * {E};")
         c.open(f"for (int64_t i0 = 0; i0 < {L}; i0 += {BQ})")
         c(f"const int64_t nr = {L} - i0 < {BQ} ? {L} - i0 : {BQ};")
+        # the next block's rows of q, dO and out into L2 while this block computes (rows are strided)
+        pf = [(nm, x, w) for nm, x, w in (("qp", q, E), ("gp", g, Ev), ("op", o, Ev)) if x.layout.strides[-1] == 1]
+        if pf:
+            c.open(f"for (int64_t r = i0 + {BQ}; r < i0 + {2 * BQ} && r < {L}; r++)")
+            for nm, x, w in pf:
+                c(f"nf_pf_row((const char*)({nm} + r * {x.layout.strides[-2]}), {w * (2 if bf16 else 4)}, 0);")
+            c.close()
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("const int64_t i = i0 + r;")
+        c("#pragma omp simd")
         c(f"for (int64_t e = 0; e < {E}; e++) "
           f"qb[r][e] = {ld(f'qp[i * {q.layout.strides[-2]} + e * {q.layout.strides[-1]}]')};")
+        c("#pragma omp simd")
         c(f"for (int64_t e = 0; e < {E}; e++) dqa[r][e] = 0.0f;")
         c("float d = 0.0f;")
+        c("#pragma omp simd reduction(+:d)")
         c.open(f"for (int64_t e = 0; e < {Ev}; e++)")
         c(f"gb[r][e] = {ld(f'gp[i * {g.layout.strides[-2]} + e * {g.layout.strides[-1]}]')};")
         c(f"d += gb[r][e] * {ld(f'op[i * {o.layout.strides[-2]} + e * {o.layout.strides[-1]}]')};")
@@ -243,6 +265,7 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
         c.close()  # key blocks
         c.open("for (int64_t r = 0; r < nr; r++)")
         c(f"{T}* row = dqp + (i0 + r) * {hq * E};")
+        c("#pragma omp simd")
         c(f"for (int64_t e = 0; e < {E}; e++) row[e] = {st('dqa[r][e]')};")
         c.close()
         c.close()  # query blocks
@@ -250,7 +273,9 @@ def plan_flash_attention_backward(kernel: Kernel, target: CpuTarget) -> GenKerne
         c.open(f"for (int64_t j = 0; j < {S}; j++)")
         c(f"{T}* krow = dkg + b * {dkst} + (j * {hk} + kh) * {E};")
         c(f"{T}* vrow = dvg + b * {dvst} + (j * {hk} + kh) * {Ev};")
+        c("#pragma omp simd")
         c(f"for (int64_t e = 0; e < {E}; e++) krow[e] = {st(f'dka[j * {E} + e]')};")
+        c("#pragma omp simd")
         c(f"for (int64_t e = 0; e < {Ev}; e++) vrow[e] = {st(f'dva[j * {Ev} + e]')};")
         c.close()
         c.close()  # tasks

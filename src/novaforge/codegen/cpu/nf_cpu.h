@@ -399,6 +399,34 @@ NF_INLINE void nf_pf_row(const char* p, long bytes, int write) {
 #pragma push_macro("NF_INLINE")
 #undef NF_INLINE
 #include "gemm/nf_gemm_simd.h"
+
+// Row reductions of the attention kernels, in vectors with one horizontal step at the end (an
+// `omp simd reduction` loop ends with a scalar pass over the lanes: per row and key tile it cost
+// ~6% of the forward). NaN lanes may or may not win the max, as in the scalar `x > m ? x : m`;
+// the softmax of a row holding a NaN is NaN either way.
+NF_INLINE float nf_row_max(const float* x, long n, float m) {
+  long j = 0;
+  if (n >= nfs::W) {
+    nfs::vf a = nfs::vload(x);
+    for (j = nfs::W; j + nfs::W <= n; j += nfs::W) a = nfs::vmax(a, nfs::vload(x + j));
+    const float h = nfs::vhmax(a);
+    m = h > m ? h : m;
+  }
+  for (; j < n; j++) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+NF_INLINE float nf_row_sum(const float* x, long n) {
+  long j = 0;
+  float s = 0.0f;
+  if (n >= nfs::W) {
+    nfs::vf a = nfs::vload(x);
+    for (j = nfs::W; j + nfs::W <= n; j += nfs::W) a = nfs::vadd(a, nfs::vload(x + j));
+    s = nfs::vhsum(a);
+  }
+  for (; j < n; j++) s += x[j];
+  return s;
+}
 #pragma pop_macro("NF_INLINE")
 
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (float32; the attention kernel's K^T
@@ -407,6 +435,8 @@ static inline void nf_transpose_into(const float* src, long lds, long rows, long
   constexpr long W = nfs::W;
   long r0 = 0;
   for (; r0 + W <= rows; r0 += W) {
+    // the next block's rows (strided rows are not followed by the hardware prefetchers)
+    for (long i = r0 + W; i < r0 + 2 * W && i < rows; i++) nf_pf_row((const char*)(src + i * lds), cols * 4, 0);
     long c0 = 0;
     for (; c0 + W <= cols; c0 += W) {
       nfs::vf v[W];

@@ -53,6 +53,7 @@ NF_INLINE vf vpow2i(vi n) {  // 2^n as float bits, n in [-126, 127]
 NF_INLINE void vprefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 NF_INLINE void vprefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
 NF_INLINE float vhsum(vf v) { return _mm512_reduce_add_ps(v); }
+NF_INLINE float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
 /* r[i][j] <- r[j][i] for the 16 x 16 block held in r, in registers: pairs of rows interleaved by
  * 32 and then 64 bits (u[4i + j], 128-bit lane L: rows 4i..4i+3 at column 4L + j), then 128-bit
  * lanes gathered across row groups twice. */
@@ -139,6 +140,11 @@ NF_INLINE float vhsum(vf v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_hadd_ps(s, s);
     return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+NF_INLINE float vhmax(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
 /* r[i][j] <- r[j][i] for the 8 x 8 block held in r */
 NF_INLINE void vtranspose(vf (&r)[W]) {
@@ -235,6 +241,11 @@ NF_INLINE float vhsum(vf v) {
     float s = 0.f;
     for (int l = 0; l < W; ++l) s += v[l];
     return s;
+}
+NF_INLINE float vhmax(vf v) {
+    float m = v[0];
+    for (int l = 1; l < W; ++l) m = v[l] > m ? v[l] : m;
+    return m;
 }
 /* out[0..3] (+ out[0..3] if add) = the horizontal sums of a, b, c, d */
 NF_INLINE void vhsum4_store(vf a, vf b, vf c, vf d, float* out, bool add) {
