@@ -138,6 +138,24 @@ def test_decorator_and_module_attribute_passthrough():
     assert novaforge.compile(m).lin is m.lin
 
 
+def test_chained_module_methods_keep_the_compiled_module():
+    # `model = novaforge.compile(m).to(device).eval()` returned the uncompiled module: every
+    # later call ran eagerly, silently
+    m = Small()
+    c = novaforge.compile(m, backend=BACKEND)
+    for chained in (c.eval(), c.train(), c.to("cpu"), c.float(), c.requires_grad_(True), c.cpu()):
+        assert chained is c
+    model = novaforge.compile(Small(), backend=BACKEND).to("cpu").eval()
+    assert isinstance(model, novaforge.api.CompiledModule) and not model.training
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model.fn(x))
+    assert model.compilations == 1
+    import inspect
+    assert list(inspect.signature(c.to).parameters) == list(inspect.signature(m.to).parameters)
+    assert c.state_dict().keys() == m.state_dict().keys()  # other methods: the module's own
+
+
 def test_explain_report_lists_passes_kernels_and_metrics():
     m = Small().eval()
     rep = novaforge.explain(m, torch.randn(2, 8), backend=BACKEND)

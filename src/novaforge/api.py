@@ -107,6 +107,37 @@ def _signature(flat: list[Any]) -> tuple:
     return tuple(sig)
 
 
+# nn.Module methods that return the module (transformers' overrides of them too)
+_RETURN_SELF = frozenset(("train", "eval", "to", "cpu", "cuda", "xpu", "mps", "half", "float", "double", "bfloat16",
+                          "type", "requires_grad_", "apply", "share_memory", "to_empty"))
+
+
+class _ReturnsCompiled:
+    """A bound method of the compiled module whose result, when it is the module itself, is the
+    compiled callable (chained calls such as `novaforge.compile(m).to(device).eval()`)."""
+
+    __slots__ = ("method", "module", "compiled")
+
+    def __init__(self, method: Any, module: Any, compiled: Any) -> None:
+        self.method, self.module, self.compiled = method, module, compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.method(*args, **kwargs)
+        return self.compiled if out is self.module else out
+
+    def __getattr__(self, name: str) -> Any:  # __name__, __doc__, ... of the method
+        return getattr(self.method, name)
+
+    @property
+    def __signature__(self) -> Any:
+        import inspect
+
+        return inspect.signature(self.method)
+
+    def __repr__(self) -> str:
+        return repr(self.method)
+
+
 class CompiledModule:
     """The callable returned by `novaforge.compile`."""
 
@@ -144,12 +175,18 @@ class CompiledModule:
         self.__init__(state["fn"], freeze=state["freeze"], backend=state["backend"], options=state["options"],
                       dynamic=state["dynamic"])
 
-    # nn.Module conveniences
+    # nn.Module conveniences. A method of the module that returns the module itself (`eval()`,
+    # `train()`, `to(...)`, `float()`, `requires_grad_()`, ...) returns this compiled callable
+    # instead, as torch.compile's OptimizedModule does: `model = novaforge.compile(m).eval()` keeps
+    # the compiled model (it returned the uncompiled one: every later call ran eagerly, silently).
     def __getattr__(self, name: str) -> Any:
         fn = self.__dict__.get("fn")
         if fn is None:
             raise AttributeError(name)
-        return getattr(fn, name)
+        attr = getattr(fn, name)
+        if name in _RETURN_SELF and getattr(attr, "__self__", None) is fn:
+            return _ReturnsCompiled(attr, fn, self)
+        return attr
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._via_dynamo is not None:
