@@ -629,3 +629,70 @@ def test_pad_decomposition_of_symbolic_traces_matches_f_pad(pad):
     assert got.data_ptr() != x.data_ptr()
     labels = torch.randint(0, 9, (2, 7))
     assert torch.equal(_pad_by_cat(labels, [0, 1], -100), torch.nn.functional.pad(labels, (0, 1), value=-100))
+
+
+def test_checkpointed_attention_compiles_and_dropout_keeps_its_rng_wrappers():
+    """Activation checkpointing wraps every op tagged as random (scaled_dot_product_attention
+    among them) in run_and_save_rng_state / run_with_rng_state, which are not ATen ops: a
+    transformers Llama with gradient checkpointing ran its graphs uncompiled under
+    torch.compile(backend="novaforge"). With dropout_p=0 the wrappers are dropped
+    (frontend/rng_hops.py) and the graphs compile; a real dropout keeps them (ATen, eager's masks)."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from novaforge.frontend import dynamo as nf_dynamo
+
+    class Block(torch.nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.lin, self.p = torch.nn.Linear(16, 48), p
+
+        def attend(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = (t.transpose(1, 2) for t in self.lin(x).view(2, 5, 3, 2, 8).unbind(2))
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p, is_causal=True)
+            return F.dropout(y.transpose(1, 2).reshape(2, 5, 16), self.p, self.training)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.attend, x, use_reentrant=False).pow(2).sum()
+
+    for p, compiles in ((0.0, True), (0.3, False)):
+        torch.manual_seed(0)
+        a = Block(p)
+        b = copy.deepcopy(a)
+        fallbacks = len(nf_dynamo.FALLBACKS)
+        x = torch.randn(2, 5, 16, requires_grad=True)
+        torch.manual_seed(5)
+        got = torch.compile(a, backend="novaforge")(x)
+        got.backward()
+        torch.manual_seed(5)
+        want = b(x)
+        want.backward()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for g, q in zip(a.parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(g.grad, q.grad, atol=1e-5, rtol=1e-4)
+        assert (len(nf_dynamo.FALLBACKS) == fallbacks) == compiles, p
+    torch._dynamo.reset()
+
+
+def test_gradient_checkpointed_llama_trains_compiled_through_torch_compile():
+    transformers = pytest.importorskip("transformers")
+    from novaforge.frontend import dynamo as nf_dynamo
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    a = transformers.LlamaForCausalLM(cfg).train()
+    a.gradient_checkpointing_enable()
+    b = copy.deepcopy(a)
+    compiled = torch.compile(a, backend="novaforge")
+    fallbacks = len(nf_dynamo.FALLBACKS)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-3), torch.optim.AdamW(b.parameters(), lr=1e-3)
+    x = torch.randint(0, 128, (2, 12))
+    for _ in range(2):
+        got, grads = _compiled_step(lambda ids, labels: compiled(input_ids=ids, labels=labels).loss, a, oa, x, x)
+        want = _eager_step(lambda ids, labels: b(input_ids=ids, labels=labels).loss, ob, x, x)
+        assert abs(got - want) <= 1e-5 * abs(want)
+        for g, q in zip(grads, b.parameters(), strict=True):
+            torch.testing.assert_close(g, q.grad, atol=1e-5, rtol=1e-4)
+    assert len(nf_dynamo.FALLBACKS) == fallbacks  # every graph compiled
+    torch._dynamo.reset()

@@ -145,6 +145,9 @@ class _AtenGraphProgram:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | Options,
                  part: bool = False, donated: Sequence[int] = ()) -> None:
+        from .rng_hops import unwrap_rng_free
+
+        unwrap_rng_free(gm)  # activation checkpointing's RNG wrappers around ops that draw no random numbers
         self.gm = gm
         self.part = part  # a static part of a dynamic graph (counted in STATIC_PARTS, not PROGRAMS_BUILT)
         # placeholders (a backward's saved activations) whose buffers the program may overwrite
