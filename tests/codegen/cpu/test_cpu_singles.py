@@ -63,6 +63,25 @@ def test_scatter_add(dim):
     check(lambda a, i, s: torch.scatter_add(a, dim, i[:0], s[:0]), x, idx, src, allow_torch=1)
 
 
+@pytest.mark.parametrize("rows,dim", [(7, 5), (600, 96), (2000, 300)])
+def test_scatter_add_of_rows_along_axis_0(rows, dim):
+    """The embedding gradient's scatter (idx [tokens, dim] expanded along dim, duplicates) walks
+    rows with each thread's run of columns inner; per-column indices, strided sources and a
+    threaded size too, against torch."""
+    out_rows = 50
+    ids = torch.randint(0, out_rows, (rows,))
+    ids[: rows // 3] = 7  # duplicates accumulate in index order
+    g = torch.randn(rows, dim)
+    check(lambda i, v: torch.zeros(out_rows, dim).scatter_add(0, i[:, None].expand(rows, dim), v), ids, g)
+    per_column = torch.randint(0, out_rows, (rows, dim))
+    check(lambda a, i, v: a.scatter_add(0, i, v.t().contiguous().t() * 2), torch.randn(out_rows, dim), per_column,
+          g.t().contiguous().t())
+    with pytest.raises(IndexError):
+        c = compile_cpu(lambda i, v: torch.zeros(out_rows, dim).scatter_add(0, i[:, None].expand(rows, dim), v),
+                        ids, g)
+        c(ids.clone().fill_(out_rows), g)
+
+
 def test_index_put_accumulate_rows_is_a_scatter():
     """The embedding gradient's form (rows of values added at token ids, duplicates and
     negative ids included), plain and masked, is generated; other index_puts stay ATen calls

@@ -291,10 +291,37 @@ def plan_scatter_add(kernel: Kernel, target: CpuTarget) -> GenKernel:
         if numel == 0:
             return _finish(code, "0")
         code("int err = 0;")
+        src_strides = src.layout.strides if src is not None else (0,) * len(shape)
+        add_at = (load_expr(f"src[so + j * {src_strides[ax]}]", dtype) if src is not None
+                  else literal(src_fill[0], dtype))
+        if ax == 0 and len(shape) == 2:
+            # rows outer, each thread's run of columns inner (an embedding's backward: idx [tokens, dim]
+            # expanded along dim): contiguous rows of src and out, where the column-by-column walk
+            # touched a new cache line per element; every element still adds in index order
+            chunk = -(-hint(shape[1]) // max(1, sched.threads) // 16) * 16 or 16
+            if par:
+                code(par.replace("schedule(static)", "schedule(static) reduction(|:err)"))
+            code.open(f"for (int64_t c0 = 0; c0 < {shape[1]}; c0 += {chunk})")
+            code(f"const int64_t c1 = c0 + {chunk} < {shape[1]} ? c0 + {chunk} : {shape[1]};")
+            code.open(f"for (int64_t j = 0; j < {along} && !err; j++)")
+            code.open("for (int64_t c = c0; c < c1; c++)")
+            code(f"const int64_t k = (int64_t)ix[{idx.layout.offset} + j * {idx.layout.strides[0]} + c * "
+                 f"{idx.layout.strides[1]}];")
+            code.open(f"if (k < 0 || k >= {out_shape[0]})")
+            code("err = 1;")
+            code("break;")
+            code.close()
+            code(f"const int64_t so = {src.layout.offset if src is not None else 0} + c * {src_strides[1]};")
+            code(f"{st}& o_ = out[k * {out_strides[0]} + c];")
+            total_at = f"{load_expr('o_', dtype)} + {add_at}"
+            code(f"o_ = {store_expr(total_at, dtype)};")
+            code.close()
+            code.close()
+            code.close()
+            return _finish(code, "err")
         if par:
             code(par.replace("schedule(static)", "schedule(static) reduction(|:err)"))
         code.open(f"for (int64_t t = 0; t < {positions}; t++)")
-        src_strides = src.layout.strides if src is not None else (0,) * len(shape)
         code(f"int64_t r_ = t, io = {idx.layout.offset}, so = {src.layout.offset if src is not None else 0}, oo = 0;")
         for d in reversed(others):
             code(f"const int64_t i{d} = r_ % {shape[d]}; r_ /= {shape[d]};")
