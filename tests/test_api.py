@@ -301,3 +301,88 @@ def test_the_garbage_collector_is_paused_while_compiling(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_compiled_block_goes_where_a_module_goes():
+    """novaforge.compile(module) is an nn.Module standing in for the module (compiled_module.py):
+    a compiled block assigned into its parent or a ModuleList (raised TypeError before) keeps the
+    parent's parameter names, state_dict keys both ways, train/eval, .to(), hooks and deepcopy,
+    and the parent trains as eager does."""
+    import copy
+    import inspect
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Small() for _ in range(2)])
+            self.head = torch.nn.Linear(8, 1)
+            self.bn = torch.nn.BatchNorm1d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.bn(x))
+
+    net = Net()
+    ref = copy.deepcopy(net)
+    names = [n for n, _ in net.named_parameters()]
+    for i, b in enumerate(net.blocks):
+        net.blocks[i] = novaforge.compile(b, backend="cpu")
+    net.bn = novaforge.compile(net.bn, backend="cpu")
+    assert isinstance(net.blocks[0], torch.nn.Module) and isinstance(net.blocks[0], novaforge.api.CompiledModule)
+    assert [n for n, _ in net.named_parameters()] == names
+    assert list(net.state_dict()) == list(ref.state_dict())
+    assert list(inspect.signature(net.blocks[0].forward).parameters) == ["x", "scale"]
+    opt, opt_ref = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(16, 8)
+    for _ in range(3):
+        for model, o in ((net, opt), (ref, opt_ref)):
+            o.zero_grad()
+            model(x).pow(2).mean().backward()
+            o.step()
+        for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(net.bn.running_mean, ref.bn.running_mean)
+    net.eval()
+    ref.eval()
+    assert not net.blocks[0].training and not net.blocks[0].fn.training and not net.bn.fn.training
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), ref(x), atol=1e-5, rtol=1e-5)
+    ref.load_state_dict(net.state_dict())  # checkpoints load into the uncompiled model and back
+    net.load_state_dict(ref.state_dict())
+    net.to(torch.float64)
+    assert net.blocks[1].fn.lin.weight.dtype == torch.float64
+    net.to(torch.float32)
+    seen = []
+    handle = net.blocks[0].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    with torch.no_grad():
+        out = net.blocks[0](x)
+        net.blocks[0](x * 2)
+    assert len(seen) == 2 and torch.equal(seen[0], out)
+    handle.remove()
+    twin = copy.deepcopy(net)
+    assert type(twin.blocks[0]) is type(net.blocks[0]) and twin.blocks[0].fn is not net.blocks[0].fn
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), net(x))
+
+
+def test_hooks_run_their_side_effects_at_every_call():
+    """A forward hook that collects features (Python side effects) ran only at the first call's
+    trace: later calls left the collected features stale, silently. A module tree with hooks
+    goes through Dynamo, which runs them at every call; fallback="raise" refuses it."""
+    m = Small()
+    feats = []
+    m.lin.register_forward_hook(lambda mod, i, o: feats.append(o.detach().clone()))
+    c = novaforge.compile(m, backend=BACKEND)
+    with torch.no_grad():
+        for k in range(3):
+            x = torch.randn(2, 8)
+            c(x)
+            assert len(feats) == k + 1
+            torch.testing.assert_close(feats[-1], torch.nn.functional.linear(x, m.lin.weight, m.lin.bias))
+    strict = novaforge.compile(m, backend=BACKEND, fallback="raise")
+    from novaforge.frontend.capture import HookedModuleError
+    with pytest.raises(HookedModuleError):
+        strict(torch.randn(2, 8))

@@ -79,11 +79,11 @@ def _beyond_one_graph(e: BaseException | None) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    from .frontend.capture import DataDependentError, StatefulForwardError, UntraceableError
+    from .frontend.capture import DataDependentError, HookedModuleError, StatefulForwardError, UntraceableError
     from .frontend.lower import DataDependentShapeError
 
     kinds = (DataDependentError, DataDependentShapeError, DataDependentOutputException, GuardOnDataDependentSymNode,
-             StatefulForwardError, UntraceableError)
+             StatefulForwardError, UntraceableError, HookedModuleError)
     seen = 0
     while e is not None and seen < 8:
         if isinstance(e, kinds):
@@ -139,7 +139,15 @@ class _ReturnsCompiled:
 
 
 class CompiledModule:
-    """The callable returned by `novaforge.compile`."""
+    """The callable returned by `novaforge.compile` (of an nn.Module: a CompiledNNModule, which is
+    also an nn.Module; compiled_module.py)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is CompiledModule and args and isinstance(args[0], torch.nn.Module):
+            from .compiled_module import CompiledNNModule
+
+            return object.__new__(CompiledNNModule)
+        return object.__new__(cls)
 
     def __init__(self, fn: Any, *, freeze: bool = False, backend: str = "auto",
                  options: dict[str, Any] | None = None, dynamic: Any = False) -> None:
@@ -249,6 +257,11 @@ class CompiledModule:
             flat = pytrees.flatten((tuple(args), dict(kwargs)))
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
         key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes(), self._modes.key())
+        if key[4] and key[4][0]:
+            from .frontend.capture import HookedModuleError
+
+            raise HookedModuleError(f"{key[4][0]} forward / backward hook(s) on the module tree or global: their "
+                                    "Python side effects must run at every call")
         if key[2] and self._trains(tensors):
             if key not in self._train_entries and self._sizes_vary_in_training(key):
                 return self._dynamic_trainer()(*args, **kwargs)

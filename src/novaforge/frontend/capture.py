@@ -50,6 +50,14 @@ class StatefulForwardError(CaptureError, UnsupportedError):
     such side effects (unless `fallback="raise"`)."""
 
 
+class HookedModuleError(CaptureError, UnsupportedError):
+    """The module tree has forward, forward-pre or backward hooks (its own or global ones): a
+    hook's tensor results trace into a program, but its Python side effects (features appended to
+    a list, logged statistics) would run at the trace only, so later calls would leave them stale.
+    `novaforge.compile` then goes through Dynamo, which runs hooks' side effects at every call
+    (unless `fallback="raise"`)."""
+
+
 class DataDependentError(CaptureError, UnsupportedError):
     """Control flow or shapes that depend on tensor values: not traceable, and a clear refusal
     (an UnsupportedError) rather than a failure of the tracer."""
