@@ -366,6 +366,11 @@ def test_a_compiled_block_goes_where_a_module_goes():
     assert type(twin.blocks[0]) is type(net.blocks[0]) and twin.blocks[0].fn is not net.blocks[0].fn
     with torch.no_grad():
         torch.testing.assert_close(twin(x), net(x))
+    # the whole model compiled too, over its compiled blocks: the outer trace takes the blocks' ops
+    for whole in (novaforge.compile(net, backend="cpu"), torch.compile(net, backend="novaforge")):
+        with torch.no_grad():
+            torch.testing.assert_close(whole(x), ref(x), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
 
 
 def test_hooks_run_their_side_effects_at_every_call():

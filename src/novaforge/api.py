@@ -62,6 +62,12 @@ class CompileStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _is_capturing() -> bool:
+    from .generation import _is_capturing as capturing_now
+
+    return capturing_now()
+
+
 def _dynamo_can_take(e: BaseException) -> bool:
     """A compile failure that Dynamo may get past (it splits graphs and replays side effects):
     what one graph cannot hold (`_beyond_one_graph`), or a training trace that failed
@@ -197,6 +203,10 @@ class CompiledModule:
         return attr
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling() or _is_capturing():
+            # called inside an outer compile's trace (a compiled block in a model compiled as a
+            # whole): the outer program takes the block's ops, traced from the module itself
+            return self.fn(*args, **kwargs)
         if self._via_dynamo is not None:
             return self._dynamo_call(args, kwargs)
         try:

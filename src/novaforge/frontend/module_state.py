@@ -83,10 +83,20 @@ def _frozen(v: Any) -> Any:
     return v
 
 
+def _stand_in(m: Any) -> bool:
+    from ..compiled_module import CompiledNNModule
+
+    return isinstance(m, CompiledNNModule)
+
+
 def _holder(v: Any) -> bool:
     """A non-module object whose plain attributes are watched (a config object)."""
     return (isinstance(getattr(v, "__dict__", None), dict) and not callable(v)
             and not isinstance(v, torch.nn.Module | torch.Tensor | type | enum.Enum))
+
+
+def _no_values(d: dict) -> tuple:
+    return ()
 
 
 class _Watch:
@@ -95,7 +105,7 @@ class _Watch:
 
     def __init__(self, label: str, d: dict, names: list[str], mutable: bool) -> None:
         self.label, self.d, self.names, self.mutable = label, d, tuple(names), mutable
-        self.get = operator.itemgetter(*names)
+        self.get = operator.itemgetter(*names) if names else _no_values
 
     def values(self) -> tuple:
         vals = self.get(self.d)
@@ -132,6 +142,9 @@ class ModuleModes:
         # (the modules' __dict__s: the flags and hook tables are read there, ~2x faster than
         # through the modules)
         named = list(self.root.named_modules(remove_duplicate=True)) if self.root is not None else []
+        # a compiled block inside the tree (compiled_module.py) stands in for its module, whose
+        # __dict__ holds the flags and hook tables it shares
+        named = [(n, m.__dict__.get("fn", m) if _stand_in(m) else m) for n, m in named]
         self.dicts = [m.__dict__ for _, m in named]
         self.parents = [m.__dict__["_modules"] for _, m in named if m.__dict__["_modules"]]
         watches = [_watch_of(name or "<root>", m.__dict__, True) for name, m in named]
