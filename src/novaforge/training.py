@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from . import logs
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module, tensor_attributes_watched
 from .frontend.capture_fx import tracing_flags
@@ -353,6 +354,11 @@ class CompiledStep:
             bnames, buffers = _updated_buffers(self._norms)
             key = (tuple(names), tuple(hypers), tuple(group_ids), update, self._modes.key(), bnames)
             fn = self._compiled.get(key)
+            if fn is None and key[4] and key[4][0]:
+                logs.get_logger("runtime").warning(
+                    "compile_step: the model has %d forward / backward hook(s): their tensor results are part of the "
+                    "compiled step, but their Python side effects (features collected, statistics logged) run when "
+                    "the step is traced, not at every step", key[4][0])
             if fn is None:
                 step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states], bnames)
                 fn = novaforge.compile(step, backend=self.backend, **self.options)
