@@ -207,3 +207,24 @@ def test_recurrent_state_in_module_attributes_generates_eagers_tokens():
         got = compiled.generate(ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(got, want)
     assert compiled._via_dynamo is not None
+
+
+def test_each_decoder_layer_compiled_generates_eagers_tokens():
+    """Compiling each decoder layer and putting it back (a compiled module is an nn.Module): the
+    layer updates the cache passed to it in place and returns only hidden states, which one
+    program would drop (generate() gave other tokens than eager, silently); such a layer goes
+    through Dynamo, which replays the update. A plain forward (no cache) and training match too."""
+    model, x, _ = build("llama", batch=1, seq=PROMPT)
+    want = _eager(model, x, 12)
+    ref = [layer for layer in model.model.layers]
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = novaforge.compile(layer)
+    with torch.no_grad():
+        got = model.generate(x, max_new_tokens=12, do_sample=False)
+        assert torch.equal(got, want)
+        plain = model(x, use_cache=False).logits
+    for i, layer in enumerate(ref):
+        model.model.layers[i] = layer
+    with torch.no_grad():
+        torch.testing.assert_close(plain, model(x, use_cache=False).logits, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()

@@ -475,6 +475,39 @@ def _eager_error(traced, example: tuple) -> BaseException | None:
     return None
 
 
+def _object_state(obj: Any) -> tuple:
+    """What a cache object holds, shallowly: each attribute's tensor or object by identity (lists
+    and tuples of them element by element), other values by value."""
+    def one(v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(one(x) for x in v)
+        return ("id", id(v)) if isinstance(v, torch.Tensor) or pytrees.is_cache_object(v) else ("v", repr(v))
+    return tuple((k, one(v)) for k, v in vars(obj).items())
+
+
+def _check_objects_returned_if_updated(objs: list[Any], before: list[tuple], out_spec: Any, name: str) -> None:
+    """A cache object the call receives and updates in place (a transformers decoder layer's
+    `past_key_values.update(...)`) must be among the results, whose unflattening writes the update
+    back into the caller's object; updated and not returned, one compiled program would drop the
+    update: StatefulForwardError (then `novaforge.compile` goes through Dynamo, which replays it)."""
+    covered: set[int] = set()
+
+    def walk(spec: Any) -> None:
+        if spec.kind == "in_obj":
+            covered.update(id(o) for o in pytrees.flatten(objs[spec.value]).objs)
+        for c in spec.children:
+            walk(c)
+
+    walk(out_spec)
+    changed = [type(o).__name__ for o, b in zip(objs, before, strict=True)
+               if id(o) not in covered and _object_state(o) != b]
+    if changed:
+        from .capture import StatefulForwardError
+
+        raise StatefulForwardError(f"{name}'s forward updates the {changed[0]} passed to it in place without returning "
+                                   "it: one compiled program would drop the update")
+
+
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                 fake: bool, stacks: bool, dynamic: list | None = None):
 
@@ -492,6 +525,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
         state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
         replay = RngReplay()
+        before = [_object_state(o) for o in trace_objs]
         with _follow_rng(replay) if tracing[0] else contextlib.nullcontext():  # (not when eager's error is asked)
             out = torch.func.functional_call(mod, state, tuple(a), k, tie_weights=True, strict=False)
         if tracing[0]:
@@ -501,6 +535,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         pytrees.flatten(out, inputs_objs=in_objs, tensor_alias=lambda t, leaves: results.append(t))
         flat_out = pytrees.flatten(out, inputs_objs=in_objs,
                                    tensor_alias=_alias_classifier(tensor_args, results, out_info))
+        _check_objects_returned_if_updated(trace_objs, before, flat_out.spec, type(mod).__name__)
         out_info["spec"] = flat_out.spec
         out_info["consts"] = pytrees.non_plain_consts(flat_out.spec)
         return [*flat_out.leaves, *out_info["hidden"]]  # hidden bases: leaves after the plain ones
