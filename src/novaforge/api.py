@@ -62,10 +62,15 @@ class CompileStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _is_capturing() -> bool:
-    from .generation import _is_capturing as capturing_now
+def _inside_a_trace() -> bool:
+    """Is this thread tracing (Dynamo, novaforge's capture, or a make_fx / AOTAutograd trace, whose
+    dispatch modes are on this thread's stack)? Thread-local checks only: torch.compiler.is_compiling()
+    reads a process-wide flag that another thread's trace sets."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    return capturing_now()
+    from .generation import _is_capturing
+
+    return torch.compiler.is_dynamo_compiling() or _is_capturing() or bool(_get_current_dispatch_mode_stack())
 
 
 def _dynamo_can_take(e: BaseException) -> bool:
@@ -203,7 +208,7 @@ class CompiledModule:
         return attr
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling() or _is_capturing():
+        if _inside_a_trace():
             # called inside an outer compile's trace (a compiled block in a model compiled as a
             # whole): the outer program takes the block's ops, traced from the module itself
             return self.fn(*args, **kwargs)
