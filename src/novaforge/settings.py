@@ -112,6 +112,12 @@ def graph_cache_enabled() -> bool:
     return _get("NOVAFORGE_GRAPH_CACHE", "1") != "0"
 
 
+def replicate_layers_enabled() -> bool:
+    """$NOVAFORGE_REPLICATE_LAYERS=0 traces every layer of a module list instead of tracing each
+    distinct layer once and replaying it (frontend/replicate_layers.py; default on)."""
+    return _get("NOVAFORGE_REPLICATE_LAYERS", "1") != "0"
+
+
 def tiered_enabled() -> bool:
     """$NOVAFORGE_TIERED=0 builds every size of a dynamic graph at once, whatever the `tiered`
     option says (default 1: the option decides). The test suite sets 0, so that tests calling a

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from .. import settings
 from ..ir import Graph
 from ..ir.ops.random import random_mode
 from ..runtime.state import freezable
@@ -299,7 +300,8 @@ def _capture(module: Any, args: tuple, kwargs: dict | None, *, freeze: bool, mod
 
         with tensor_attributes_watched(mod, type(module).__name__):
             return capture_fx(mod, tuple(args), kwargs, freeze=freeze and not fake,
-                              is_function=not isinstance(module, torch.nn.Module), fake=fake)
+                              is_function=not isinstance(module, torch.nn.Module), fake=fake,
+                              replicate=mod is not module and settings.replicate_layers_enabled())
     t0 = time.perf_counter()
     with tensor_attributes_watched(mod, type(module).__name__):
         ep = _export(mod, tuple(args), kwargs)

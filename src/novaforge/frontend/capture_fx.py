@@ -36,6 +36,7 @@ from ..runtime.state import freezable
 from . import pytrees
 from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
+from .replicate_layers import replicated_layers
 
 
 @contextlib.contextmanager
@@ -347,17 +348,18 @@ def _user_lines():
 
 
 def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
-               fake: bool = False, dynamic: list | None = None):
+               fake: bool = False, dynamic: list | None = None, replicate: bool = False):
     """Capture a module without make_fx's stack traces (about a quarter of its time goes into
     symbolizing a whole stack per node): each node instead records its innermost user frame
     (`_user_lines`, a walk up the live frames), which is the provenance line the IR, the
     report and the bisector show. If lowering then fails, capture again with full stack traces,
     so the error names the user's source line. Plain functions are captured the same way (a
     compile_step's step is one: forward, backward and the optimizer, about 1.5 s of stack traces
-    for GPT-42M)."""
+    for GPT-42M). `replicate`: trace each distinct layer of the module's layer lists once
+    (replicate_layers.py); only for a module tree no other thread runs (a shadow module)."""
     try:
         return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=False,
-                           dynamic=dynamic)
+                           dynamic=dynamic, replicate=replicate)
     except Exception as e:
         from .capture import CaptureError
 
@@ -429,10 +431,13 @@ def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.
 
 
 def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any, symbolic: bool = False) -> torch.fx.GraphModule:
-    """make_fx of fn on fake tensors, with novaforge's decompositions, under `context`."""
+    """make_fx of fn on fake tensors, with novaforge's decompositions, under `context`. The graph
+    module's Python code is generated only if something calls it (lowering reads the graph; the
+    code of a 70B model's graph takes ~0.2 s)."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with torch.no_grad(), tracing_flags(), context:
+    with torch.no_grad(), tracing_flags(), context, _use_lazy_graph_module(True):
         return make_fx(fn, tracing_mode="fake", record_stack_traces=stacks, _allow_non_fake_inputs=True,
                        decomposition_table=_decompositions(symbolic))(*args)
 
@@ -509,7 +514,7 @@ def _check_objects_returned_if_updated(objs: list[Any], before: list[tuple], out
 
 
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
-                fake: bool, stacks: bool, dynamic: list | None = None):
+                fake: bool, stacks: bool, dynamic: list | None = None, replicate: bool = False):
 
     from .capture import Captured, CaptureError, DataDependentError, UntraceableError
 
@@ -555,9 +560,13 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         fn = torch.func.functionalize(traced, remove="mutations") if functional else traced
         tracing[0] = True
         try:
-            with _quiet_fake_tensor_log():
-                return _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
-                                   symbolic=dynamic is not None)
+            # (functionalize's wrappers hide the proxies a replay reads; a functional retrace is rare)
+            with _quiet_fake_tensor_log(), replicated_layers(
+                    mod, enabled=replicate and not functional and dynamic is None) as replication:
+                gm = _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
+                                 symbolic=dynamic is not None)
+            out_info["replayed_layers"] = replication.replayed
+            return replication.inline(gm)
         finally:
             tracing[0] = False
 
@@ -677,7 +686,8 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         param_refs=refs,
         aten_ops=aten_ops,
         externs=ctx.externs,
-        times={"export_s": t1 - t0, "functionalize_s": 0.0, "lower_s": t2 - t1},
+        times={"export_s": t1 - t0, "functionalize_s": 0.0, "lower_s": t2 - t1,
+               "layers_replayed": out_info.get("replayed_layers", 0)},
         mutated_inputs=mutated_user,
         frozen=frozen,
         symbols=converter.finish() if dynamic is not None else None,
