@@ -700,8 +700,9 @@ def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: O
 
     mode = options.capture
     key = None
-    if not fake and mode == "fx" and graph_cache.enabled(options):
-        key = graph_cache.key_for(fn, pytrees.flatten((tuple(args), dict(kwargs))), freeze, options)
+    if mode == "fx" and graph_cache.enabled(options):  # (a fake capture keeps no constants: freeze is off)
+        key = graph_cache.key_for(fn, pytrees.flatten((tuple(args), dict(kwargs))), freeze and not fake, options,
+                                  fake=fake)
         hit = graph_cache.load(key, fn) if key is not None else None
         if hit is not None:
             return hit

@@ -163,3 +163,28 @@ def test_compile_only_on_meta_parameters():
         c(ids)
     report = novaforge.explain(model, ids)
     assert report.metrics["kernels"] == len(kernels)
+
+
+def test_a_compile_without_data_is_cached_apart_from_one_with_data(cache_dir):
+    """A meta model's capture (a warm compile of a large architecture is a lookup), and a
+    compile_only of a model with weights, whose graph binds the weights as inputs, never the
+    frozen graph of a compile with data."""
+    cfg = tf.LlamaConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=128, use_cache=False)
+    with torch.device("meta"):
+        meta = tf.LlamaModel(cfg).eval()
+    ids = torch.randint(0, 128, (1, 16))
+    first = novaforge.compile(meta).compile_only(ids)
+    second = novaforge.compile(meta).compile_only(ids)
+    assert "graph_cache_hit" not in first.times and second.times.get("graph_cache_hit") == 1.0
+    assert [gi.kind for gi in second.graph.inputs] == [gi.kind for gi in first.graph.inputs]
+    assert all(p.device.type == "meta" for p in meta.parameters())
+
+    model, ids = _gpt2(), torch.randint(0, 64, (1, 10))
+    only = novaforge.compile(model, freeze=True).compile_only(ids)
+    assert not any(gi.kind == "const" and gi.name.startswith("transformer.") for gi in only.graph.inputs)
+    c, out = _run(model, ids)  # with data: its own entry, with frozen weights
+    assert "graph_cache_hit" not in c.stats().times
+    with torch.no_grad():
+        torch.testing.assert_close(out.logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+    assert novaforge.compile(model, freeze=True).compile_only(ids).times.get("graph_cache_hit") == 1.0

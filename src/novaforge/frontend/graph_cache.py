@@ -177,13 +177,14 @@ def _module_parts(mod: torch.nn.Module) -> list[str]:
     return parts
 
 
-def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, Any]) -> str | None:
-    """The cache key of this call, or None when it cannot be keyed exactly."""
+def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, Any], fake: bool = False) -> str | None:
+    """The cache key of this call, or None when it cannot be keyed exactly. `fake`: a capture
+    without data (meta parameters, compile_only), whose graph binds parameters as inputs."""
     if not isinstance(module, torch.nn.Module):
         return None
     try:
         parts = [f"novaforge-graph-{FORMAT}", _version(), torch.__version__, _transformers_version(),
-                 f"freeze={freeze}", f"capture={Options.of(options).capture}",
+                 f"freeze={freeze}", f"fake={fake}", f"capture={Options.of(options).capture}",
                  f"random={Options.of(options).random}",
                  f"grad={torch.is_grad_enabled()}", f"autocast={autocast_modes()}"]
         parts += _module_parts(module)
