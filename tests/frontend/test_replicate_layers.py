@@ -14,10 +14,16 @@ from novaforge.ir.structural import graph_key
 
 from models.families import build, families
 
-# families whose layers replay in the tiny configs (with use_cache=False where they have a
-# cache: a cache object passed to the layers is updated in Python, so those trace each layer)
+# families whose layers replay in the tiny configs, in their default configs (the cache's
+# update() replayed between the recorded segments) and with use_cache=False; Mamba's layers read
+# their cache otherwise (its convolution state): with a cache they are traced one by one
 REPLAYED = {"gpt2", "llama", "opt", "bloom", "gpt_neox", "mistral", "qwen2", "phi", "gemma", "mamba", "bert",
             "roberta", "distilbert", "electra", "vit"}
+
+
+@pytest.fixture(autouse=True)
+def _no_graph_cache(monkeypatch):
+    monkeypatch.setenv("NOVAFORGE_GRAPH_CACHE", "0")  # (every compile here traces: the counts are asserted)
 
 
 def _capture(model, args, monkeypatch, replicate: bool, **kw):
@@ -39,9 +45,8 @@ def test_replicated_capture_has_the_full_traces_structure(name, use_cache, monke
     assert full.times["layers_replayed"] == 0
     assert graph_key(rep.graph) == graph_key(full.graph)
     assert len(rep.graph.nodes) == len(full.graph.nodes)
-    if use_cache is False or not hasattr(model.config, "use_cache") or not model.config.use_cache:
-        if name in REPLAYED:
-            assert rep.times["layers_replayed"] >= 1
+    if name in REPLAYED and (name != "mamba" or use_cache is False):
+        assert rep.times["layers_replayed"] >= 1
 
 
 class _Block(torch.nn.Module):
@@ -163,3 +168,96 @@ def test_meta_llama_compiles_with_replayed_layers(monkeypatch):
     stats = novaforge.compile(model).compile_only(torch.randint(0, 256, (1, 16)))
     assert stats.times["layers_replayed"] == 5
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+class _CachedBlock(torch.nn.Module):
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.layer_idx = idx
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x, cache):
+        h = self.lin(x)
+        k, v = cache.update(h[:, None, None], h[:, None, None] * 2, self.layer_idx)
+        return torch.tanh(h + k.sum(2)[:, 0] - v.mean(2)[:, 0])
+
+
+class _CachedStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_CachedBlock(i) for i in range(4))
+
+    def forward(self, x, cache):
+        for b in self.blocks:
+            x = b(x, cache)
+        return x, cache
+
+
+def _prefilled(lengths):
+    import transformers as tf
+
+    cache = tf.DynamicCache()
+    g = torch.Generator().manual_seed(1)
+    for i, n in enumerate(lengths):
+        if n:
+            cache.update(torch.randn(2, 1, n, 8, generator=g), torch.randn(2, 1, n, 8, generator=g), i)
+    return cache
+
+
+@pytest.mark.parametrize("lengths", [(0, 0, 0, 0), (3, 3, 3, 3), (3, 3, 5, 3)], ids=["empty", "even", "uneven"])
+def test_cache_updates_replay_between_segments(lengths, monkeypatch):
+    """Each layer's update runs for real with its own index: the cache returned holds every
+    layer's states as eager's; layers whose caches hold other lengths than the first's trace
+    again layer by layer (ReplayMismatch), with the same result."""
+    torch.manual_seed(0)
+    model = _CachedStack().eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        want, want_cache = model(x, _prefilled(lengths))
+    full = _capture(model, (x, _prefilled(lengths)), monkeypatch, replicate=False)
+    rep = _capture(model, (x, _prefilled(lengths)), monkeypatch, replicate=True)
+    assert rep.times["layers_replayed"] == (0 if len(set(lengths)) > 1 else 3)
+    assert graph_key(rep.graph) == graph_key(full.graph)
+    monkeypatch.setenv("NOVAFORGE_REPLICATE_LAYERS", "1")
+    with torch.no_grad():
+        got, got_cache = novaforge.compile(model)(x, _prefilled(lengths))
+    torch.testing.assert_close(got, want)
+    for i in range(4):
+        torch.testing.assert_close(got_cache.layers[i].keys, want_cache.layers[i].keys)
+        torch.testing.assert_close(got_cache.layers[i].values, want_cache.layers[i].values)
+
+
+def test_a_layer_using_its_index_beside_the_cache_update_is_traced_layer_by_layer(monkeypatch):
+    class Block(_CachedBlock):
+        def forward(self, x, cache):
+            k, _ = cache.update(x[:, None, None], x[:, None, None], self.layer_idx)
+            return x * (self.layer_idx + 1) + k.sum()
+
+    torch.manual_seed(0)
+    model = _CachedStack()
+    model.blocks = torch.nn.ModuleList(Block(i) for i in range(4))
+    x = torch.randn(2, 8)
+    rep = _capture(model.eval(), (x, _prefilled((0, 0, 0, 0))), monkeypatch, replicate=True)
+    assert rep.times["layers_replayed"] == 0
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_default_config_decoder_replays_and_continues_from_its_cache(name, monkeypatch):
+    monkeypatch.setenv("NOVAFORGE_REPLICATE_LAYERS", "1")
+    import transformers as tf
+
+    model, x, _ = build(name, seq=10)
+    if name == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                                   num_key_value_heads=2, intermediate_size=128,
+                                                   vocab_size=256)).eval()
+    nxt = torch.randint(0, 256, (x.shape[0], 1))
+    c = novaforge.compile(model)
+    with torch.no_grad():
+        want = model(x)
+        want2 = model(nxt, past_key_values=want.past_key_values)
+        got = c(x)
+        assert c.stats().times["layers_replayed"] >= 1
+        got2 = c(nxt, past_key_values=got.past_key_values)
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got2.logits, want2.logits, atol=1e-5, rtol=1e-5)

@@ -36,7 +36,7 @@ from ..runtime.state import freezable
 from . import pytrees
 from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
-from .replicate_layers import replicated_layers
+from .replicate_layers import ReplayMismatch, replicated_layers
 
 
 @contextlib.contextmanager
@@ -561,10 +561,15 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         tracing[0] = True
         try:
             # (functionalize's wrappers hide the proxies a replay reads; a functional retrace is rare)
-            with _quiet_fake_tensor_log(), replicated_layers(
-                    mod, enabled=replicate and not functional and dynamic is None) as replication:
-                gm = _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
-                                 symbolic=dynamic is not None)
+            enabled = replicate and not functional and dynamic is None
+            for attempt in (enabled, False)[:2 if enabled else 1]:
+                try:
+                    with _quiet_fake_tensor_log(), replicated_layers(mod, enabled=attempt) as replication:
+                        gm = _fake_trace(fn, example, stacks, contextlib.nullcontext() if stacks else _user_lines(),
+                                         symbolic=dynamic is not None)
+                    break
+                except ReplayMismatch:  # (a layer's cache held another length: trace every layer)
+                    continue
             out_info["replayed_layers"] = replication.replayed
             return replication.inline(gm)
         finally:
