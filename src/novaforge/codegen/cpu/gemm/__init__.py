@@ -9,14 +9,34 @@ always run the same compiled kernels. See docs/cpu-gemm.md.
 from __future__ import annotations
 
 from .build import ACTS, cache_sizes, include_dir, library_path, link_args, load, source_files
-from .ops import PackedB, blocking, bmm, isa, linear, linear_block, matmul, matmul_block, pack_b, panel_width
+from .ops import (
+    PackedB,
+    bf16_counts,
+    bf16_hw_path,
+    bf16_path,
+    blocking,
+    bmm,
+    forced_bf16_path,
+    isa,
+    linear,
+    linear_block,
+    matmul,
+    matmul_block,
+    pack_b,
+    pack_b_vnni,
+    panel_width,
+)
 
 __all__ = [
     "ACTS",
     "PackedB",
+    "bf16_counts",
+    "bf16_hw_path",
+    "bf16_path",
     "blocking",
     "bmm",
     "cache_sizes",
+    "forced_bf16_path",
     "include_dir",
     "isa",
     "library_path",
@@ -27,6 +47,7 @@ __all__ = [
     "matmul",
     "matmul_block",
     "pack_b",
+    "pack_b_vnni",
     "panel_width",
     "source_files",
 ]

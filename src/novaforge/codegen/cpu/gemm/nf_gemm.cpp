@@ -692,6 +692,10 @@ void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long b
 
 void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* B, int b_bf16,
                    long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (a_bf16 && b_bf16 &&
+        nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, cs_b, C, ldc, accumulate, ep,
+                         nthreads))
+        return;
     Problem P = make_problem(M, N, K, A, a_bf16 != 0, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0,
                              ldc, accumulate, ep);
     P.b_bf16 = b_bf16 != 0;

@@ -136,6 +136,29 @@ void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs
 void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const float* Bp,
                          float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
 
+/* ---- native bf16 matrix work (nf_gemm_bf16.cpp) ----
+ * bf16 A and bf16 B with float32 accumulation and output run on bf16 dot-product hardware when the
+ * CPU has it, chosen at run time: AMX-BF16 tiles (TDPBF16PS; Sapphire Rapids and later, with the Linux
+ * tile permission requested once per process), else AVX512-BF16 (VDPBF16PS; Zen 4, Cooper Lake),
+ * else the float32-conversion path above. nf_gemm_mixed and nf_gemm_nt_mixed take the native path
+ * when both operands are bf16 and M >= 16 (fewer rows: the conversion path's dot-product kernel). */
+enum nf_bf16_path { NF_BF16_CONVERT = 0, NF_BF16_AVX512 = 1, NF_BF16_AMX = 2 };
+int nf_gemm_bf16_path(void);    /* the path bf16 products take now */
+int nf_gemm_bf16_hw_path(void); /* the best path this CPU (and OS) allows */
+/* Force a path (tests): at most the hardware's (a higher one is lowered to it); -1: the hardware's. */
+void nf_gemm_set_bf16_path(int path);
+/* counts[path] += calls that took each path since the library was loaded (3 longs) */
+void nf_gemm_bf16_counts(long* counts);
+/* B (bf16, B(k, n) = B[k*stride_k + n*stride_n]) in VNNI panels: 16 columns each, K rounded up to 32,
+ * panel[kq*32 + 2j + h] = B(2kq + h, 16p + j), zero-padded; the same on every CPU (size in bf16 elements). */
+long nf_gemm_vnni_size(long K, long N);
+void nf_gemm_pack_b_vnni(long K, long N, const uint16_t* B, long stride_k, long stride_n, uint16_t* packed);
+/* C = act(A @ B [+ C_old] + bias) + residual, A bf16 (any strides), Bp from nf_gemm_pack_b_vnni, on the
+ * current bf16 path (the conversion path computes on the panels in plain C++: correct, slow). C == NULL
+ * with a tile_fn as for nf_gemm_mixed. */
+void nf_gemm_bf16_vnni_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* Bp,
+                              float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+
 #ifdef __cplusplus
 }
 #endif

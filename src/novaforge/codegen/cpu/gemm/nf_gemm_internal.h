@@ -6,6 +6,7 @@
 #ifndef NF_GEMM_INTERNAL_H
 #define NF_GEMM_INTERNAL_H
 
+#include <stdint.h>
 #include <stdlib.h>
 
 struct nf_epilogue;
@@ -15,6 +16,11 @@ namespace nfi {
  * B's rows (nf_gemm_nt.cpp); false (nothing done) when the shape does not qualify. */
 bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
                        long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* bf16 A and B (B(k, n) = B[k*rs_b + n*cs_b]) on the native bf16 path (nf_gemm_bf16.cpp: AMX tiles or
+ * AVX512-BF16) when the CPU has one and the shape suits it; false (nothing done, nothing written)
+ * otherwise: the caller then runs the float32-conversion path. */
+bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
+                 long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 long l1d_bytes();  // L1 data cache, bytes
 long l2_bytes();   // L2 cache (per core), bytes
 

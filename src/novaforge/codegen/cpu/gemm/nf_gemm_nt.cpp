@@ -576,6 +576,10 @@ void nf_sgemm_nt_block(long M, long N, long K, const float* A, long rs_a, long c
 
 void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt,
                       int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (a_bf16 && w_bf16 &&
+        nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, 1, ldw, C, ldc, accumulate, ep,
+                         nthreads))
+        return;
     const NtPath path = nt_path(M, K, ldw, w_bf16 != 0);
     if (path == NtPath::pack)
         nf_gemm_mixed(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, 1, ldw, C, ldc, accumulate, ep, nthreads);

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .build import ACTS, ISAS, Epilogue, load
+from .build import ACTS, BF16_PATHS, ISAS, Epilogue, load
 
 _override: list[ctypes.CDLL] = []
 
@@ -38,6 +38,36 @@ def isa() -> str:
     return ISAS[lib().nf_gemm_isa()]
 
 
+def bf16_path() -> str:
+    """The path bf16 x bf16 products take now: 'amx', 'avx512_bf16' or 'convert' (to float32)."""
+    return BF16_PATHS[lib().nf_gemm_bf16_path()]
+
+
+def bf16_hw_path() -> str:
+    """The best bf16 path this CPU and OS allow (what `bf16_path` is unless forced lower)."""
+    return BF16_PATHS[lib().nf_gemm_bf16_hw_path()]
+
+
+def bf16_counts() -> dict[str, int]:
+    """Calls per bf16 path since the library was loaded (the report of which path ran)."""
+    arr = (ctypes.c_long * 3)()
+    lib().nf_gemm_bf16_counts(arr)
+    return {name: int(arr[i]) for i, name in BF16_PATHS.items()}
+
+
+@contextlib.contextmanager
+def forced_bf16_path(name: str) -> Iterator[None]:
+    """Run bf16 products on the path `name` (or the best below it the CPU has) inside the block;
+    process-wide, for tests and benchmarks."""
+    code = {v: k for k, v in BF16_PATHS.items()}[name]
+    library = lib()
+    library.nf_gemm_set_bf16_path(code)
+    try:
+        yield
+    finally:
+        library.nf_gemm_set_bf16_path(-1)
+
+
 def panel_width() -> int:
     return lib().nf_sgemm_nr()
 
@@ -55,6 +85,7 @@ class PackedB:
     data: torch.Tensor
     K: int
     N: int
+    layout: str = "f32"  # "f32": float32 panels (pack_b); "vnni": bf16 k-pair panels (pack_b_vnni)
 
     def ptr(self) -> int:
         return self.data.data_ptr()
@@ -76,6 +107,19 @@ def pack_b(b: torch.Tensor) -> PackedB:
         fn = lib().nf_sgemm_pack_b_bf16 if b.dtype == torch.bfloat16 else lib().nf_sgemm_pack_b
         fn(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
     return PackedB(out, K, N)
+
+
+def pack_b_vnni(b: torch.Tensor) -> PackedB:
+    """Pack a bfloat16 B[K, N] (any strides) into nf_gemm's VNNI panels for the native bf16 path
+    (`nf_gemm_pack_b_vnni`; the layout is the same on every CPU). For an nn.Linear weight pass W.t()."""
+    _check_cpu(b, "b", (torch.bfloat16,))
+    if b.dim() != 2:
+        raise ValueError(f"pack_b_vnni expects a 2-D [K, N] tensor, got shape {tuple(b.shape)}")
+    K, N = b.shape
+    out = torch.empty(max(int(lib().nf_gemm_vnni_size(K, N)), 1), dtype=torch.int16)
+    if K > 0 and N > 0:
+        lib().nf_gemm_pack_b_vnni(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+    return PackedB(out, K, N, "vnni")
 
 
 def _epilogue(
@@ -147,7 +191,8 @@ def matmul(
     nthreads: int = 0,
 ) -> torch.Tensor:
     """act(a @ b [+ out if accumulate] + bias) + residual for 2-D a[M, K] (any strides); a and b float32 or
-    bfloat16 (float32 accumulation and result)."""
+    bfloat16 (float32 accumulation and result). bf16 a and bf16 b (unpacked, or `pack_b_vnni`) run on the
+    native bf16 path where the CPU has one (`bf16_path()`)."""
     _check_cpu(a, "a", (torch.float32, torch.bfloat16))
     if a.dim() != 2:
         raise ValueError("matmul expects a 2-D a; use bmm for batches")
@@ -159,7 +204,11 @@ def matmul(
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
     c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
-    if not isinstance(b, PackedB) and torch.bfloat16 in (a.dtype, b.dtype):
+    if isinstance(b, PackedB) and b.layout == "vnni":
+        _check_cpu(a, "a", (torch.bfloat16,))
+        lib().nf_gemm_bf16_vnni_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
+                                       c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
+    elif not isinstance(b, PackedB) and torch.bfloat16 in (a.dtype, b.dtype):
         _check_cpu(b, "b", (torch.float32, torch.bfloat16))
         lib().nf_gemm_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
                             b.data_ptr(), int(b.dtype == torch.bfloat16), b.stride(0), b.stride(1), c.data_ptr(),
