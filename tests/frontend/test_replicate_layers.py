@@ -261,3 +261,33 @@ def test_default_config_decoder_replays_and_continues_from_its_cache(name, monke
         got2 = c(nxt, past_key_values=got.past_key_values)
     torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got2.logits, want2.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_hooks_installed_during_the_call_and_attribute_writes_trace_every_layer(monkeypatch):
+    """transformers' output capturing installs hooks on the shadow module during the traced call
+    (output_attentions=True): every layer runs its hooks, so every layer is traced; a layer that
+    sets an attribute of its modules is traced at every call too."""
+    import transformers as tf
+
+    monkeypatch.setenv("NOVAFORGE_REPLICATE_LAYERS", "1")
+    torch.manual_seed(0)
+    model = tf.LlamaModel(tf.LlamaConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                         attn_implementation="eager")).eval()
+    ids = torch.randint(0, 256, (1, 8))
+    c = novaforge.compile(model)
+    with torch.no_grad():
+        got = c(ids, output_attentions=True)
+        want = model(ids, output_attentions=True)
+    assert len(got.attentions) == 4
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    class Counting(_Block):
+        def forward(self, x, scale=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().forward(x, scale)
+
+    stack = _Stack().eval()
+    stack.blocks = torch.nn.ModuleList(Counting(i) for i in range(4))
+    assert _capture(stack, (torch.randn(2, 16),), monkeypatch, replicate=True).times["layers_replayed"] == 0

@@ -228,6 +228,26 @@ def _value_sig(v: Any) -> Any:
     return ("id", id(v))
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _attributes(member: torch.nn.Module) -> dict[tuple[int, str], int]:
+    """What the member's modules' instance dicts hold, by identity (a call that sets one changes it)."""
+    return {(id(m), k): id(v) for m in member.modules() for k, v in m.__dict__.items()}
+
+
+def _hooked(member: torch.nn.Module) -> bool:
+    """Hooks on the member's subtree or global module hooks, as the call meets them (a library
+    may install them during the traced call, as transformers' output capturing does): their
+    Python runs at every call, which a replay would skip."""
+    from torch.nn.modules import module as nn_module
+
+    if any(getattr(nn_module, g, None) for g in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                                  "_global_backward_hooks", "_global_backward_pre_hooks")):
+        return True
+    return any(getattr(m, h, None) for m in member.modules() for h in _HOOKS)
+
+
 def _module_sig(member: torch.nn.Module) -> tuple[Any, dict[tuple[str, str], int]] | None:
     """(signature without int attributes, {(path, attr): int value}), or None when the member
     cannot be replayed at all (hooks, plain tensor attributes)."""
@@ -235,8 +255,7 @@ def _module_sig(member: torch.nn.Module) -> tuple[Any, dict[tuple[str, str], int
     ints: dict[tuple[str, str], int] = {}
     tensor_ids: dict[int, str] = {}
     for path, m in member.named_modules(remove_duplicate=False):
-        if any(getattr(m, h, None) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                               "_backward_pre_hooks")):
+        if any(getattr(m, h, None) for h in _HOOKS):
             return None
         attrs = []
         for k, v in sorted(m.__dict__.items()):
@@ -441,7 +460,7 @@ class _Replicator:
         if group is None or group.refused or mode is None or self.watch is not None or torch.is_grad_enabled():
             return through(*args, **kwargs)
         sig = _call_sig(args, kwargs)
-        if sig is None:
+        if sig is None or _hooked(member):
             return through(*args, **kwargs)
         key, tensors, caches = sig
         state = _member_tensors(member)
@@ -451,6 +470,7 @@ class _Replicator:
             return self._replay(self.recordings[rec_id], member, [*tensors, *state], caches)
         self.watch = watch = _Watch(mode.tracer.graph, mode.tracer)
         watch.caches = caches
+        before = _attributes(member)
         removed = _hide_watched(member, group.watched, watch)
         swapped = [(c, c.__class__) for c in caches]
         for c, cls in swapped:
@@ -464,8 +484,10 @@ class _Replicator:
             for c, cls in swapped:
                 c.__class__ = cls
         watch.cuts.append(_last(watch.graph))
-        if watch.used or watch.reads:
-            rec: _Recording | str = (f"it uses {', '.join(sorted({a for _, a in group.watched}))} (which differs "
+        if _attributes(member) != before:
+            rec: _Recording | str = "it sets attributes of its modules (a replay would skip that)"
+        elif watch.used or watch.reads:
+            rec = (f"it uses {', '.join(sorted({a for _, a in group.watched}))} (which differs "
                                      "between the layers) otherwise than as a cache's layer index, or reads its "
                                      "cache otherwise than by update()")
         else:
