@@ -705,11 +705,32 @@ def _capture_cached(fn: Any, args: tuple, kwargs: dict, freeze: bool, options: O
                                   fake=fake)
         hit = graph_cache.load(key, fn) if key is not None else None
         if hit is not None:
+            hit.cache_key = key
             return hit
     captured = capture(fn, args, kwargs, freeze=freeze, mode=mode, fake=fake, random=options.random)
-    if key is not None:
-        graph_cache.store(key, captured, fn)
+    if key is not None and graph_cache.store(key, captured, fn):
+        captured.cache_key = key
     return captured
+
+
+def _optimize(fn: Any, captured: Captured, opts: Options, be: Any) -> tuple[Graph, list[PassRecord], bool]:
+    """run_pipeline, or its result from the optimized-graph cache (cache/pipeline_cache.py):
+    (graph, records, whether it was a hit)."""
+    from .cache import pipeline_cache
+
+    target = be.target() if be is not None else None
+    key = None
+    if be is not None and captured.cache_key is not None and isinstance(fn, torch.nn.Module):
+        state = {name for name, _ in fn.named_parameters(remove_duplicate=False)}
+        state.update(name for name, _ in fn.named_buffers(remove_duplicate=False))
+        key = pipeline_cache.key_for(captured, state, opts, be, target)
+    hit = pipeline_cache.load(key) if key is not None else None
+    if hit is not None:
+        return (*hit, True)
+    graph, records = run_pipeline(captured.graph, options=opts, target=target, backend=be)
+    if key is not None:
+        pipeline_cache.store(key, graph, records)
+    return graph, records, False
 
 
 def compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend: str,
@@ -750,7 +771,7 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     opts = options.replace(backend=chosen) if options.backend == "auto" else options
     if session.dump is not None and not opts.dump_dir:
         opts = opts.replace(dump_dir=str(session.dump.path))  # the Triton backend writes its sources there
-    graph, records = run_pipeline(captured.graph, options=opts, target=be.target(), backend=be)
+    graph, records, optimized_hit = _optimize(fn, captured, opts, be)
     t2 = time.perf_counter()
     session.stage(f"codegen and build, {sum(1 for n in graph.nodes if n.op == 'kernel')} kernels")
     program = be.build(graph, opts) if be is not None else None
@@ -759,6 +780,8 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     t3 = time.perf_counter()
     times = dict(captured.times)
     times.update({"capture_s": t1 - t0, "passes_s": t2 - t1, "codegen_s": t3 - t2, "total_s": t3 - t0})
+    if optimized_hit:
+        times["optimized_cache_hit"] = 1.0
     if session.dump is not None:
         info = getattr(program, "info", None)
         src = info.get("source_dir") if isinstance(info, dict) else None  # the CPU backend's sources

@@ -92,6 +92,7 @@ class Captured:
     mutated_inputs: list[int] = field(default_factory=list)
     frozen: list[torch.Tensor] = field(default_factory=list)  # module tensors baked in as constants
     symbols: Any = None  # a SymbolTable when the graph has symbolic sizes (frontend/dynamic.py)
+    cache_key: str | None = None  # its captured-graph cache key (graph_cache.py), when it has one
 
 
 class _FnModule(torch.nn.Module):

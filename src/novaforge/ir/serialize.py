@@ -26,6 +26,7 @@ import torch
 
 from .extern import TensorArg
 from .graph import Attrs, Graph, GraphInput, Node, Value
+from .kernel import Kernel
 from .types import TensorType
 
 FORMAT = 1
@@ -117,7 +118,20 @@ def tensor_from_data(d: dict[str, Any]) -> torch.Tensor:
     return t.to(d.get("device", "cpu"))
 
 
-def graph_to_data(graph: Graph, const_ref: Callable[[GraphInput], dict[str, Any] | None]) -> dict[str, Any]:
+def _kernel_to_data(k: Kernel, const_ref: Callable[[GraphInput], dict[str, Any] | None]) -> dict[str, Any]:
+    return {"kernel": {"name": k.name, "kind": str(k.kind), "anchor": k.anchor, "key": k.structural_key,
+                       "body": graph_to_data(k.body, const_ref, kernels=True)}}
+
+
+def _kernel_from_data(d: dict[str, Any], const_tensor: Callable[[dict[str, Any]], torch.Tensor]) -> Kernel:
+    # (the stored structural key: the entry's checksum covers it; recomputing it is most of a load)
+    return Kernel(d["name"], d["kind"], graph_from_data(d["body"], const_tensor), d["anchor"], d["key"])
+
+
+def graph_to_data(graph: Graph, const_ref: Callable[[GraphInput], dict[str, Any] | None],
+                  kernels: bool = False) -> dict[str, Any]:
+    """`kernels`: a fused graph (kernel nodes with their bodies) may be written too (the
+    optimized-graph cache, cache/pipeline_cache.py)."""
     ids: dict[Value, int] = {}
 
     def vid(v: Value) -> int:
@@ -139,12 +153,13 @@ def graph_to_data(graph: Graph, const_ref: Callable[[GraphInput], dict[str, Any]
         inputs.append(entry)
     nodes = []
     for n in graph.nodes:
-        if n.op == "kernel":
+        if n.op == "kernel" and not kernels:
             raise SerializeError("fused graphs are not serialized (kernels are cached as libraries)")
         nodes.append({
             "op": n.op,
             "in": [vid(v) for v in n.inputs],
-            "attrs": {k: encode_value(v) for k, v in n.attrs.items()},
+            "attrs": {k: _kernel_to_data(v, const_ref) if isinstance(v, Kernel) else encode_value(v)
+                      for k, v in n.attrs.items()},
             "out": [vtype(v) for v in n.outputs],
             "meta": {k: n.meta[k] for k in _META_KEYS if isinstance(n.meta.get(k), str)},
         })
@@ -186,7 +201,8 @@ def graph_from_data(data: dict[str, Any], const_tensor: Callable[[dict[str, Any]
     nodes = []
     for e in data["nodes"]:
         ins = [get(i) for i in e["in"]]
-        attrs = Attrs({k: decode_value(x) for k, x in e["attrs"].items()})
+        attrs = Attrs({k: _kernel_from_data(x["kernel"], const_tensor) if isinstance(x, dict) and "kernel" in x
+                       else decode_value(x) for k, x in e["attrs"].items()})
         outs = [new(o) for o in e["out"]]
         nodes.append(Node(e["op"], ins, attrs, outs, dict(e.get("meta") or {})))
     outputs = [get(i) for i in data["outputs"]]
