@@ -173,7 +173,7 @@ class CpuBackend:
                     dst = layout.scratch(gp.scratch)
                 args = [dst] + ins + outs
                 if gp.pack is not None:
-                    args.append(layout.packed(n.inputs[gp.pack.buf], gp.pack))
+                    args.append(layout.packed(n.inputs[gp.pack.buf], gp.pack, gp.pack_layout))
                 gens[plan.gen.fn] = plan.gen
                 launch(plan.gen.fn, args)
                 launch_labels.append(kernel.name)
@@ -372,7 +372,7 @@ class _Layout:
         self._input_pos: dict[Value, int] = {}
         self._const: dict[Value, Any] = {}
         self._packed: dict[tuple, int] = {}
-        self._to_pack: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._to_pack: list[tuple[torch.Tensor, torch.Tensor, str]] = []
         pos = 0
         for gi in graph.inputs:
             if gi.kind == "const":
@@ -447,25 +447,24 @@ class _Layout:
             raise ValueError(f"value {v!r} read by a kernel has no buffer (a top-level view?)")
         return s
 
-    def packed(self, v: Value, op: Any) -> int:
-        """A constant slot holding B packed for nf_gemm (once per weight and view; the packing
-        itself runs in `pack_all`)."""
-        key = (v, op.layout)
+    def packed(self, v: Value, op: Any, pack_layout: str = "f32") -> int:
+        """A constant slot holding B packed for nf_gemm in `pack_layout` ("f32" panels, or "vnni" for
+        the native bf16 path; once per weight, view and layout; the packing itself runs in `pack_all`)."""
+        key = (v, op.layout, pack_layout)
         if key not in self._packed:
             from .gemm import ops
 
             t = self._const[v]
             view = t.as_strided(op.layout.shape, op.layout.strides, t.storage_offset() + op.layout.offset)
-            K, N = view.shape
             # programs of the same model (other input shapes) share packed weights while they live
             shared_key = (view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype, version_of(t),
-                          ops.lib().nf_sgemm_nr())
+                          ops.lib().nf_sgemm_nr(), pack_layout)
             data = _SHARED_PACKED.get(shared_key)
             if data is None:
-                data = torch.empty(max(int(ops.lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
-                self._to_pack.append((view, data))
+                data = ops.packed_buffer(view, pack_layout)
+                self._to_pack.append((view, data, pack_layout))
                 _SHARED_PACKED[shared_key] = data
-            self._packed[key] = self._add(SlotSpec("const", TensorType(tuple(data.shape), torch.float32),
+            self._packed[key] = self._add(SlotSpec("const", TensorType(tuple(data.shape), data.dtype),
                                                    tensor=data))
         return self._packed[key]
 
@@ -475,12 +474,9 @@ class _Layout:
 
         from .gemm import ops
 
-        def pack(item: tuple[torch.Tensor, torch.Tensor]) -> None:
-            b, out = item
-            K, N = b.shape
-            if K and N:
-                fn = ops.lib().nf_sgemm_pack_b_bf16 if b.dtype == torch.bfloat16 else ops.lib().nf_sgemm_pack_b
-                fn(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+        def pack(item: tuple[torch.Tensor, torch.Tensor, str]) -> None:
+            b, out, pack_layout = item
+            ops.pack_into(b, out, pack_layout)
 
         if threads > 1 and len(self._to_pack) > 1:
             with ThreadPoolExecutor(threads) as pool:

@@ -4,7 +4,9 @@ The generated function calls, by B's layout (B(k, n) = B[k*rs_b + n*cs_b]):
 
 * `nf_sgemm_packed` / `nf_gemm_bf16_packed` when B is a constant that the backend packs at build
   time (option `pack_weights=True`: a packed copy of every weight, the fastest GEMM, 2x the weights'
-  memory);
+  memory); for bf16 A and bf16 B on a CPU with bf16 dot instructions (`CpuTarget.has_bf16_dot`:
+  AVX512-BF16 or AMX-BF16) the copy is in VNNI panels (`pack_layout == "vnni"`) and the call is
+  `nf_gemm_bf16_vnni_packed` (AMX tiles / VDPBF16PS, chosen by the library at run time);
 * otherwise nothing is copied: `nf_gemm_nt_mixed` (dot-product kernel) when B is k-contiguous
   (rs_b = 1: an nn.Linear weight [N, K] seen as W^T), `nf_sgemm` / `nf_gemm_mixed` for other
   layouts (row-major B, e.g. a Conv1D weight [K, N], is read in place by the micro-kernel; strided B
@@ -28,6 +30,9 @@ the element it writes (in place); when no output can hold it, the library keeps 
 in a per-thread buffer that only the tile function reads (C == NULL), or, on the dot-product
 entry, C goes to the program's scratch region. Returns None when
 the geometry or dtypes do not fit the library (the kernel then uses torch.matmul).
+
+bf16 x bf16 products without a packed copy (`nf_gemm_nt_mixed`, `nf_gemm_mixed`) take the library's
+native bf16 path by themselves where the CPU has one (docs/cpu-gemm.md, "Native bf16").
 
 Invariant: the function computes what the kernel body computes; operands are read through
 their strides (transposed weights are never copied), and packed B matches the target's build of
@@ -75,6 +80,7 @@ class GemmPlan:
     inplace: int | None
     scratch: TensorType  # float32 C when dst == "scratch"
     pack: Operand | None  # B operand packed at build time (a constant)
+    pack_layout: str = "f32"  # "f32": nf_sgemm_pack_b(_bf16) panels; "vnni": nf_gemm_pack_b_vnni (bf16 x bf16)
 
 
 @dataclass
@@ -200,6 +206,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         return None
     packed = b.buf in const_bufs and not geo.batched
     mixed = torch.bfloat16 in (a.dtype, b.dtype)
+    vnni = packed and a.dtype == b.dtype == torch.bfloat16 and target.has_bf16_dot
     if geo.batched and mixed:
         return None
     # B = W^T with W [N, K] contiguous along K: the dot-product kernel reads it in place
@@ -239,7 +246,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     # epilogue (not on the dot-product entry, which has no such mode)
     local = not direct and inplace is None and tile is not None and not nt
     dst = "direct" if direct else ("inplace" if inplace is not None else ("local" if local else "scratch"))
-    desc = (f"gemm|{geo}|packed={packed}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}"
+    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}"
             f"|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
     flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
@@ -276,7 +283,10 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         pfn = tile_name + "_pf" if pf else "nullptr"
         code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx, {pfn}}};")
         c_ptr = "(float*)nullptr" if local else "(float*)p0"
-        if packed:
+        if vnni:
+            code(f"nf_gemm_bf16_vnni_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "
+                 f"(const uint16_t*)p{n_args - 1}, {c_ptr}, {geo.N}, 0, &ep, {threads});")
+        elif packed:
             bp = f"(const float*)p{n_args - 1}"
             if a.dtype == torch.bfloat16:
                 code(f"nf_gemm_bf16_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {bp}, "
@@ -305,4 +315,5 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         return text + code.text()
 
     gen = GenKernel(name, n_args, render, sched, key)
-    return GemmPlan(gen, dst, inplace, TensorType(tuple(a_t.shape), torch.float32), b if packed else None)
+    return GemmPlan(gen, dst, inplace, TensorType(tuple(a_t.shape), torch.float32), b if packed else None,
+                    "vnni" if vnni else "f32")

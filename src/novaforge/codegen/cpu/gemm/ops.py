@@ -122,6 +122,28 @@ def pack_b_vnni(b: torch.Tensor) -> PackedB:
     return PackedB(out, K, N, "vnni")
 
 
+def packed_buffer(b: torch.Tensor, layout: str = "f32") -> torch.Tensor:
+    """An empty flat buffer for B[K, N] packed in `layout` ("f32": float32 panels, "vnni": bf16 VNNI
+    panels, stored as int16); fill it with `pack_into`."""
+    K, N = b.shape
+    if layout == "vnni":
+        return torch.empty(max(int(lib().nf_gemm_vnni_size(K, N)), 1), dtype=torch.int16)
+    return torch.empty(max(int(lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
+
+
+def pack_into(b: torch.Tensor, out: torch.Tensor, layout: str = "f32") -> None:
+    """Pack B[K, N] (any strides) into `out` from `packed_buffer(b, layout)` (releases the GIL)."""
+    K, N = b.shape
+    if not (K and N):
+        return
+    if layout == "vnni":
+        _check_cpu(b, "b", (torch.bfloat16,))
+        lib().nf_gemm_pack_b_vnni(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+    else:
+        fn = lib().nf_sgemm_pack_b_bf16 if b.dtype == torch.bfloat16 else lib().nf_sgemm_pack_b
+        fn(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+
+
 def _epilogue(
     N: int,
     rows_shape: tuple[int, ...],
