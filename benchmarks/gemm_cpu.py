@@ -24,6 +24,18 @@ Candidates (those whose package is missing are skipped):
   nf-unpacked   nf_sgemm on B = W^T (stride_k 1): W packed on the fly inside every call (transposed)
   nf-kn         nf_sgemm on the weight stored [K, N] row-major (GPT-2's Conv1D): packed on the fly
 
+    python benchmarks/gemm_cpu.py --dtype bf16 --m 128 --kn 768x2304,768x768,768x3072,3072x768 --no-bmm
+                  adds the bf16 candidates below (bf16 copies of the same inputs, checked against the
+                  float64 reference at bf16's tolerance) next to float32 nf; the last column gives each
+                  one's time relative to float32 nf (packed) in the same run:
+  torch-bf16    torch.mm on bf16 (oneDNN: AMX / AVX512-BF16 where present)
+  onednn-bf16   torch.ops.mkldnn._linear_pointwise with the bf16 weight reordered ahead
+  nf-bf16       nf_gemm_bf16_vnni_packed (weights in VNNI panels), on the CPU's best bf16 path
+  nf-bf16-nt    nf_gemm_nt_mixed, bf16 W [N, K] read in place (packed on the fly into VNNI panels)
+  nf-bf16-kn    nf_gemm_mixed, bf16 weight stored [K, N] (GPT-2's Conv1D)
+  nf-bf16-avx512  nf-bf16 forced onto the AVX512-BF16 kernel (VDPBF16PS)
+  nf-bf16-convert nf_gemm_nt_mixed forced onto the float32-conversion path (the former bf16 route)
+
     python benchmarks/gemm_cpu.py --only nf,nf-nt,nf-unpacked --threads 1 --clock process --m 128,1024
     --rotate R    R different weight matrices per shape, each call uses the next one (R x 7 MB > L3:
                   weights come from DRAM as in a real forward; every candidate prepares R copies)
@@ -204,6 +216,80 @@ def build_candidates(threads: int) -> dict[str, Callable]:
     return cands
 
 
+BF16_PATH = {"convert": 0, "avx512_bf16": 1, "amx": 2}
+
+
+def bf16_candidates(threads: int) -> dict[str, Callable]:
+    """bf16 products; prepare(a, w) receives the float32 inputs and rounds them to bf16 itself."""
+    cands: dict[str, Callable] = {}
+    lib = ops.lib()
+
+    def torch_bf16(a, w):
+        a16, wt = a.bfloat16(), w.bfloat16().t()
+        c = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16)
+        return lambda: torch.mm(a16, wt, out=c)
+
+    cands["torch-bf16"] = torch_bf16
+    if torch.backends.mkldnn.is_available():
+
+        def onednn_bf16(a, w):
+            a16 = a.bfloat16()
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.bfloat16(), a.shape[0])
+            return lambda: torch.ops.mkldnn._linear_pointwise(a16, packed, None, "none", [], "")
+
+        cands["onednn-bf16"] = onednn_bf16
+
+    def forced(path: str, fn: Callable, args: tuple) -> Callable:
+        code = BF16_PATH[path]
+
+        def call():
+            lib.nf_gemm_set_bf16_path(code)
+            try:
+                fn(*args)
+            finally:
+                lib.nf_gemm_set_bf16_path(-1)
+
+        return call
+
+    def packed(path: str | None):
+        def prepare(a, w):
+            M, K = a.shape
+            N = w.shape[0]
+            a16 = a.bfloat16()
+            pb = gemm.pack_b_vnni(w.bfloat16().t())
+            c = torch.empty(M, N)
+            fn = lib.nf_gemm_bf16_vnni_packed
+            args = (M, N, K, a16.data_ptr(), K, 1, pb.ptr(), c.data_ptr(), N, 0, None, threads)
+            call = forced(path, fn, args) if path else (lambda: fn(*args))
+            return lambda: (call(), c, a16, pb)[1]
+
+        return prepare
+
+    def in_place(kn: bool, path: str | None):
+        def prepare(a, w):
+            M, K = a.shape
+            N = w.shape[0]
+            a16, w16 = a.bfloat16(), (w.t().contiguous() if kn else w).bfloat16()
+            c = torch.empty(M, N)
+            if kn:
+                fn = lib.nf_gemm_mixed
+                args = (M, N, K, a16.data_ptr(), 1, K, 1, w16.data_ptr(), 1, N, 1, c.data_ptr(), N, 0, None, threads)
+            else:
+                fn = lib.nf_gemm_nt_mixed
+                args = (M, N, K, a16.data_ptr(), 1, K, 1, w16.data_ptr(), 1, K, c.data_ptr(), N, 0, None, threads)
+            call = forced(path, fn, args) if path else (lambda: fn(*args))
+            return lambda: (call(), c, a16, w16)[1]
+
+        return prepare
+
+    cands["nf-bf16"] = packed(None)
+    cands["nf-bf16-nt"] = in_place(False, None)
+    cands["nf-bf16-kn"] = in_place(True, None)
+    cands["nf-bf16-avx512"] = packed("avx512_bf16")
+    cands["nf-bf16-convert"] = in_place(False, "convert")
+    return cands
+
+
 def as_tensor(r) -> torch.Tensor:
     if isinstance(r, torch.Tensor):
         return r
@@ -218,6 +304,8 @@ def check(name: str, call: Callable, a: torch.Tensor, w: torch.Tensor, ref: torc
     out = as_tensor(call())
     err = (out.double() - ref).abs()
     tol = 1e-6 * (1 + a.shape[1] ** 0.5) * scale + 1e-5
+    if "bf16" in name:  # inputs rounded to bf16 (2^-9 relative each), output maybe too
+        tol = 1.2e-2 * scale + 1e-3
     if (err > tol).any():
         raise AssertionError(f"{name}: wrong result (max err {err.max().item():.3g})")
 
@@ -393,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bmm", action="store_true", help="skip the batched attention-like products")
     p.add_argument("--rotate", type=int, default=1, help="weight matrices per shape, used in turn (see above)")
     p.add_argument("--kn", type=str, default=None, help="K x N shapes, e.g. 768x2304,3072x768 (default: all)")
+    p.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                   help="bf16: add the bf16 candidates (see above) to float32 nf / nf-nt")
     p.add_argument(
         "--clock",
         choices=["wall", "process"],
@@ -413,10 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     ms = [int(x) for x in args.m.split(",")] if args.m else ([128, 1024] if args.quick else MS)
     rounds = 3 if args.quick else args.rounds
     cands = build_candidates(args.threads)
+    if args.dtype == "bf16":
+        cands = {k: v for k, v in cands.items() if k in ("nf", "nf-nt", "torch.mm")} | bf16_candidates(args.threads)
     if args.only:
         cands = {k: v for k, v in cands.items() if k in args.only.split(",")}
     random.seed(0)
 
+    if args.dtype == "bf16":
+        print(f"# bf16: nf_gemm's bf16 path {gemm.bf16_path()} (hardware {gemm.bf16_hw_path()})")
     print(
         f"# float32 GEMM, {args.threads} threads, {rounds} rounds x {args.burst}s bursts, {args.clock} clock, "
         f"{args.stat} GFLOP/s [IQR]"
@@ -441,10 +535,11 @@ def main(argv: list[str] | None = None) -> int:
                 q1, _, q3 = quartiles(samples[n])
                 m = CENTER(samples[n])
                 cells.append(f"{flops / m / 1e9:.1f} [{flops / q3 / 1e9:.0f}-{flops / q1 / 1e9:.0f}]")
-            peers = {n: t for n, t in med.items() if not n.startswith("nf")}
+            peers = {n: t for n, t in med.items() if not n.startswith("nf") and "bf16" not in n}
             best = min(peers, key=peers.get) if peers else None
             ratio = f"{peers[best] / med['nf']:.2f} (vs {best})" if best and "nf" in med else "–"
-            for other in ("nf-nt", "nf-unpacked", "nf-kn"):  # time relative to the packed kernel, same run
+            # time relative to the float32 packed kernel, same run
+            for other in ("nf-nt", "nf-unpacked", "nf-kn", *(n for n in names if "bf16" in n)):
                 if other in med and "nf" in med:
                     ratio += f"; {other} {med[other] / med['nf']:.3f}x"
             print(f"| {M} x {K} x {N} | " + " | ".join(cells) + f" | {ratio} |", flush=True)

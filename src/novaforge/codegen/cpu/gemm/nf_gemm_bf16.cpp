@@ -196,6 +196,41 @@ NF_TARGET_BF16 inline void transpose16x16(__m512i (&r)[16]) {
  * (cs == 1: a [K, N] Conv1D weight) interleaves two rows of 16 columns per k pair. Tails in K and
  * partial panels go through the portable loop. */
 NF_TARGET_BF16 void pack_panels_avx512(const BSrc& s, long K, long N, long kp, long p0, long p1, uint16_t* dst) {
+    if (s.cs == 1 && s.rs != 1) {
+        // row-major B: each pair of source rows is read once across all full panels of the block (sequential
+        // reads; panel by panel, each 64-byte line served two panels and came back from L2 for the second),
+        // the rows a few pairs ahead prefetched (rows are pages apart: no hardware prefetch across them)
+        const long pf = std::min(p1, N / kPanel);
+        const long row_lines = cdiv((pf - p0) * kPanel * 2, 64) + 1;
+        for (long kq = 0; kq < K / 2 && p0 < pf; ++kq) {
+            const uint16_t* r0 = s.B + 2 * kq * s.rs + p0 * kPanel;
+            const uint16_t* r1 = r0 + s.rs;
+            if (2 * kq + 9 < K)
+                for (long l = 0; l < row_lines; ++l) {
+                    _mm_prefetch((const char*)(r0 + 8 * s.rs) + l * 64, _MM_HINT_T0);
+                    _mm_prefetch((const char*)(r1 + 8 * s.rs) + l * 64, _MM_HINT_T0);
+                }
+            for (long p = p0; p < pf; ++p) {
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(r0 + (p - p0) * kPanel)));
+                const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(r1 + (p - p0) * kPanel)));
+                _mm512_storeu_si512((void*)(dst + (p - p0) * kp * kPanel + kq * 32),
+                                    _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        }
+        for (long p = p0; p < p1; ++p) {  // the K tail (odd K, padding) and a partial last panel
+            uint16_t* d = dst + (p - p0) * kp * kPanel;
+            if (p >= pf) {
+                pack_panels_scalar(s, K, N, kp, p, p + 1, d);
+                continue;
+            }
+            for (long kq = K / 2; kq < kp / 2; ++kq)
+                for (long j = 0; j < kPanel; ++j) {
+                    d[kq * 32 + 2 * j] = 2 * kq < K ? s.B[2 * kq * s.rs + p * kPanel + j] : 0;
+                    d[kq * 32 + 2 * j + 1] = 0;
+                }
+        }
+        return;
+    }
     for (long p = p0; p < p1; ++p) {
         const long c0 = p * kPanel;
         uint16_t* d = dst + (p - p0) * kp * kPanel;
