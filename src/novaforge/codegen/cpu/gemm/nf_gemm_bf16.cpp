@@ -333,7 +333,7 @@ NF_TARGET_AMX void amx_tile(long kp, const ATile* a, const uint16_t* b0, const u
     compiler_barrier();
 }
 
-/* R rows (R <= 8) x TB panels with VDPBF16PS: acc[r][t] += A(r, 2kq..2kq+1) . panel_t[kq]; the A pair
+/* R rows (R <= kDpRows) x TB panels with VDPBF16PS: acc[r][t] += A(r, 2kq..2kq+1) . panel_t[kq]; the A pair
  * is one 32-bit broadcast, the panel row one 64-byte load. rows[r] points at row r's k = 0. */
 template <int R, int TB>
 NF_TARGET_BF16 void dp_rows(long kp, const uint16_t* const* rows, const uint16_t* b0, const uint16_t* b1, float* tmp) {
@@ -344,7 +344,7 @@ NF_TARGET_BF16 void dp_rows(long kp, const uint16_t* const* rows, const uint16_t
         __m512bh b[TB];
         b[0] = (__m512bh)_mm512_loadu_si512((const void*)(b0 + kq * 32));
         if constexpr (TB > 1) b[1] = (__m512bh)_mm512_loadu_si512((const void*)(b1 + kq * 32));
-#pragma GCC unroll 8
+#pragma GCC unroll 12
         for (int r = 0; r < R; ++r) {
             int32_t pair;
             memcpy(&pair, rows[r] + 2 * kq, 4);
@@ -357,14 +357,17 @@ NF_TARGET_BF16 void dp_rows(long kp, const uint16_t* const* rows, const uint16_t
         for (int t = 0; t < TB; ++t) _mm512_storeu_ps(tmp + r * kTileCols + t * 16, acc[r][t]);
 }
 
+constexpr int kDpRows = 12;  // 12 rows x 2 panels: 24 zmm accumulators + 2 B rows + 1 broadcast
 template <int TB>
 void dp_tile(long kp, const ATile* a, int rows, const uint16_t* b0, const uint16_t* b1, float* tmp) {
     typedef void (*fn)(long, const uint16_t* const*, const uint16_t*, const uint16_t*, float*);
-    static constexpr fn table[9] = {nullptr,        &dp_rows<1, TB>, &dp_rows<2, TB>, &dp_rows<3, TB>, &dp_rows<4, TB>,
-                                    &dp_rows<5, TB>, &dp_rows<6, TB>, &dp_rows<7, TB>, &dp_rows<8, TB>};
-    for (int r0 = 0; r0 < rows; r0 += 8) {
-        const int R = std::min(8, rows - r0);
-        const uint16_t* ptrs[8];
+    static constexpr fn table[kDpRows + 1] = {
+        nullptr,         &dp_rows<1, TB>, &dp_rows<2, TB>, &dp_rows<3, TB>,  &dp_rows<4, TB>,  &dp_rows<5, TB>,
+        &dp_rows<6, TB>, &dp_rows<7, TB>, &dp_rows<8, TB>, &dp_rows<9, TB>, &dp_rows<10, TB>, &dp_rows<11, TB>,
+        &dp_rows<12, TB>};
+    for (int r0 = 0; r0 < rows; r0 += kDpRows) {
+        const int R = std::min(kDpRows, rows - r0);
+        const uint16_t* ptrs[kDpRows];
         for (int r = 0; r < R; ++r) {
             const ATile& t = a[(r0 + r) / 16];
             ptrs[r] = t.ptr + ((r0 + r) % 16) * t.ld;
