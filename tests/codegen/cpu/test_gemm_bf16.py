@@ -153,12 +153,14 @@ def test_vnni_packed(path, shape, b_layout):
     _check(c, a, b)
 
 
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("entry", ["mixed", "nt", "packed"])
-def test_epilogues(path, act, entry):
+def test_epilogues(path, act, entry, bias_dtype):
+    """Each activation with a bias (float32, or bf16 through nf_epilogue.bias_bf16) and a residual."""
     M, K, N = 45, 70, 50
     a, w = _bf16(M, K), _bf16(N, K)
-    bias, residual = torch.randn(N), torch.randn(M, N)
+    bias, residual = torch.randn(N).to(bias_dtype), torch.randn(M, N)
     kw = {"bias": bias, "act": act, "residual": residual, "nthreads": 2}
     with _Ran(path):
         if entry == "nt":
@@ -277,3 +279,13 @@ def test_cpu_flags_agree_with_the_library():
         assert "avx512_bf16" in flags
     elif "avx512_bf16" in flags:
         pytest.fail("avx512_bf16 in /proc/cpuinfo but the library does not use it")
+
+
+def test_bf16_bias_on_the_conversion_entries():
+    """A bf16 bias reaches the float32-conversion path too (M < 16, and bf16 A with float32 panels)."""
+    a, w, bias = _bf16(5, 40), _bf16(24, 40), _bf16(24)
+    _check(gemm.linear(a, w, bias=bias), a, w.t(), bias=bias)
+    a = _bf16(30, 40)
+    _check(gemm.matmul(a, gemm.pack_b(w.t()), bias=bias), a, w.t(), bias=bias)
+    with pytest.raises(TypeError):
+        gemm.matmul(torch.randn(8, 40), torch.randn(40, 24), bias=bias)  # a float32 entry: no bf16 bias

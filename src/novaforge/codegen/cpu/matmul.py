@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ir import OPS, Graph, Kernel, Node, Value
+from ...ir.graph import Attrs
 from ...ir.symbolic import hint, is_symbolic
 from ...ir.types import TensorType, contiguous_strides
 from ...ir.views import Strided, apply_view
@@ -150,22 +151,32 @@ def _sole_consumer(body: Graph, v: Value) -> Node | None:
     return users[0]
 
 
-def _peel(epi: Graph, space: tuple[int, ...]) -> tuple[Graph, int | None, int, int]:
-    """Move a leading column-bias add and activation into the library's register epilogue.
+def _peel(epi: Graph, space: tuple[int, ...], bias_dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+          ) -> tuple[Graph, int | None, int, int]:
+    """Move a leading column-bias add (a bias of one of `bias_dtypes`: bf16 too on the bf16 entries,
+    `nf_epilogue.bias_bf16`) and activation into the library's register epilogue.
     Returns (remaining epilogue, bias body-input index (epilogue input - 1), bias offset, act code)."""
     anchor = epi.inputs[0].value
     bias_buf, bias_off, act = None, 0, 0
     n = _sole_consumer(epi, anchor)
     if n is not None and n.op == "add" and n.outputs[0].type == anchor.type:
         other = n.inputs[1] if n.inputs[0] is anchor else n.inputs[0]
-        if other is not anchor and other.type.dtype == torch.float32:
+        whole = next((i for i, gi in enumerate(epi.inputs) if gi.value is other), None)
+        if (other is not anchor and other.type.dtype in bias_dtypes and whole is not None and whole > 0
+                and len(space) >= 1 and all(d == 1 for d in other.type.shape[:-1])
+                and tuple(other.type.shape[-1:]) == (space[-1],)):
+            # a whole [N] (or [1, .., N]) input added by broadcasting (a bf16 graph's addmm bias)
+            bias_buf, bias_off = whole - 1, 0
+            epi = _substitute(epi, n, anchor)
+        elif other is not anchor and other.type.dtype in bias_dtypes:
             try:
                 info = analyze_body(Graph(epi.inputs, epi.nodes, [other]), space)
             except Unsupported:
                 info = None
             lf = info.leaves.get(other) if info is not None else None
             want = tuple([0] * (len(space) - 1) + [1 if space[-1] != 1 else 0])
-            if lf is not None and lf.kind == "load" and lf.buf > 0 and lf.strides == want:
+            if (lf is not None and lf.kind == "load" and lf.buf > 0 and lf.strides == want
+                    and epi.inputs[lf.buf].value.type.dtype == other.type.dtype):
                 bias_buf, bias_off = lf.buf - 1, lf.offset
                 epi = _substitute(epi, n, anchor)
     n = _sole_consumer(epi, anchor)
@@ -175,6 +186,18 @@ def _peel(epi: Graph, space: tuple[int, ...]) -> tuple[Graph, int | None, int, i
             act = code
             epi = _substitute(epi, n, anchor)
     return epi, bias_buf, bias_off, act
+
+
+def _materialize(epi: Graph) -> Graph:
+    """`epi` with the anchor passed through a same-dtype cast before its consumers: after peeling,
+    a bf16 graph's epilogue can be just `out = reshape(anchor)` (a float32 C rounded on store), and a
+    view of the anchor itself is no tile-epilogue leaf; the cast is the store's computation."""
+    anchor = epi.inputs[0].value
+    mid = Value(anchor.type, "c")
+    cast = Node("cast", [anchor], Attrs(dtype=anchor.type.dtype), [mid])
+    nodes = [cast] + [n.with_inputs([mid if v is anchor else v for v in n.inputs]) if anchor in n.inputs else n
+                      for n in epi.nodes]
+    return Graph(epi.inputs, nodes, [mid if v is anchor else v for v in epi.outputs])
 
 
 def _is_anchor_store(epi: Graph) -> bool:
@@ -213,7 +236,12 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     nt = not packed and not geo.batched and geo.b[1] == 1 and geo.b[2] != 1
     for o in body.outputs:
         check_dtype(o.type.dtype)
-    epi, bias_buf, bias_off, act = _peel(epi, a_t.shape)
+    # the bf16 entries (nf_gemm_mixed, nf_gemm_nt_mixed, nf_gemm_bf16_packed, nf_gemm_bf16_vnni_packed)
+    # take a bf16 bias too
+    bf16_entry = vnni or (a.dtype == torch.bfloat16 if packed else mixed)
+    epi, bias_buf, bias_off, act = _peel(epi, a_t.shape,
+                                         (torch.float32, torch.bfloat16) if bf16_entry else (torch.float32,))
+    bias16 = bias_buf is not None and body.inputs[bias_buf].value.type.dtype == torch.bfloat16
     space = a_t.shape
     rank = len(space)
     if geo.batched:
@@ -225,6 +253,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     ins[0] = torch.float32  # C is float32 whatever the anchor's dtype
     tile: tuple[str, BodyInfo] | None = None
     direct = _is_anchor_store(epi) and epi.outputs[0].type.dtype == torch.float32
+    if not direct and (bias_buf is not None or act) and _is_anchor_store(epi):
+        epi = _materialize(epi)
     inplace = None
     if not direct:
         info = analyze_body(epi, space)
@@ -246,8 +276,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     # epilogue (not on the dot-product entry, which has no such mode)
     local = not direct and inplace is None and tile is not None and not nt
     dst = "direct" if direct else ("inplace" if inplace is not None else ("local" if local else "scratch"))
-    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|bias={bias_buf},{bias_off}|act={act}|direct={direct}"
-            f"|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
+    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|bias={bias_buf},{bias_off},{int(bias16)}|act={act}"
+            f"|direct={direct}|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
     flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
     sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
@@ -278,10 +308,12 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
             code(f"if ({' || '.join(empty)}) return 0;")
         # the tile epilogue's context: the kernel's arguments, then the sizes
         code(f"void* ctx[{n_args + 1}] = {{{', '.join(f'p{i}' for i in range(n_args))}, (void*)nf_sym}};")
-        bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None else "nullptr"
+        bias = f"(const float*)p{1 + bias_buf} + {bias_off}" if bias_buf is not None and not bias16 else "nullptr"
+        bias_bf16 = f"(const uint16_t*)p{1 + bias_buf} + {bias_off}" if bias16 else ""
         tfn = tile_name if tile is not None else "nullptr"
         pfn = tile_name + "_pf" if pf else "nullptr"
-        code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx, {pfn}}};")
+        tail = f", {bias_bf16}" if bias16 else ""  # (nf_epilogue.bias_bf16; zero when left out)
+        code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx, {pfn}{tail}}};")
         c_ptr = "(float*)nullptr" if local else "(float*)p0"
         if vnni:
             code(f"nf_gemm_bf16_vnni_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "

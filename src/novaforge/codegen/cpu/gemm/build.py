@@ -298,6 +298,7 @@ class Epilogue(ctypes.Structure):
         ("tile_fn", ctypes.c_void_p),
         ("tile_ctx", ctypes.c_void_p),
         ("tile_prefetch", ctypes.c_void_p),
+        ("bias_bf16", ctypes.c_void_p),
     ]
 
 

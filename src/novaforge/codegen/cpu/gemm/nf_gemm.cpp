@@ -691,7 +691,9 @@ void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long b
 }
 
 void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* B, int b_bf16,
-                   long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+                   long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep0, int nthreads) {
+    nfi::Bf16Bias bias;
+    const nf_epilogue* ep = bias.get(ep0, N);
     if (a_bf16 && b_bf16 &&
         nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, cs_b, C, ldc, accumulate, ep,
                          nthreads))
@@ -703,7 +705,9 @@ void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a,
 }
 
 void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const float* Bp, float* C,
-                         long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+                         long ldc, int accumulate, const nf_epilogue* ep0, int nthreads) {
+    nfi::Bf16Bias bias;
+    const nf_epilogue* ep = bias.get(ep0, N);
     run(make_problem(M, N, K, A, true, 0, rs_a, cs_a, Bp, 0, nullptr, 0, 0, 0, C, 0, ldc, accumulate, ep), 1,
         nthreads);
 }

@@ -63,6 +63,10 @@ typedef struct nf_epilogue {
      * tile is computed, to prefetch what tile_fn will read there (nf_sgemm-family entries only; an
      * optimizer update reads the parameter and its moments, all cold in memory) */
     nf_tile_fn tile_prefetch;
+    /* or NULL: a bf16 bias [N], used when bias is NULL, by the bf16 entries only (nf_gemm_mixed,
+     * nf_gemm_nt_mixed, nf_gemm_bf16_packed, nf_gemm_bf16_vnni_packed: each converts it to float32 once
+     * per call); a bf16 model's bias joins the register epilogue this way */
+    const uint16_t* bias_bf16;
 } nf_epilogue;
 
 /* ---- configuration / queries ---- */

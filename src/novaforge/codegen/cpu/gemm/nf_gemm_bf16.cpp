@@ -568,6 +568,16 @@ Job make_job(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, BS
 }  // namespace
 
 namespace nfi {
+const nf_epilogue* Bf16Bias::get(const nf_epilogue* e, long N) {
+    if (!e || !e->bias_bf16 || e->bias || N <= 0) return e;
+    ep = *e;
+    buf = (float*)malloc((size_t)N * sizeof(float));
+    for (long j = 0; j < N; ++j) buf[j] = bf16f(e->bias_bf16[j]);
+    ep.bias = buf;
+    ep.bias_bf16 = nullptr;
+    return &ep;
+}
+
 /* bf16 A and B (B(k, n) = B[k * rs_b + n * cs_b]) on the native path, when the CPU has one and the
  * shape suits it; false (nothing done) otherwise, and the caller runs the conversion path. */
 bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
@@ -603,8 +613,10 @@ void nf_gemm_pack_b_vnni(long K, long N, const uint16_t* B, long stride_k, long 
 }
 
 void nf_gemm_bf16_vnni_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* Bp,
-                              float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+                              float* C, long ldc, int accumulate, const nf_epilogue* ep0, int nthreads) {
     if (M <= 0 || N <= 0) return;
+    nfi::Bf16Bias bias;
+    const nf_epilogue* ep = bias.get(ep0, N);
     const int path = bf16_path();
     g_counts[path].fetch_add(1, std::memory_order_relaxed);
     if (K <= 0) {  // C = act([C_old] + bias) + residual: an empty product through the same epilogue

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-struct nf_epilogue;
+#include "nf_gemm.h"
 
 namespace nfi {
 /* C = A @ B for few rows of A (M <= 4: decode) and a row-major B (cs_b == 1) read in place, streaming
@@ -31,6 +31,15 @@ inline bool rows_alias_in_l1(long row_bytes) {
     for (long l = 0; l < 16; ++l) sets |= 1ull << (((unsigned long)(l * row_bytes) / 64) % 64);
     return __builtin_popcountll(sets) < 4;
 }
+
+/* The epilogue of a bf16 entry with its bf16 bias (nf_epilogue.bias_bf16) converted to float32 for this
+ * call: `get` returns `ep` itself when there is none. */
+struct Bf16Bias {
+    nf_epilogue ep;
+    float* buf = nullptr;
+    const nf_epilogue* get(const nf_epilogue* e, long N);
+    ~Bf16Bias() { free(buf); }
+};
 
 /* Growable, 64-byte aligned float buffers (A and B panels, a block of C); each translation unit
  * keeps one per thread. */

@@ -575,7 +575,9 @@ void nf_sgemm_nt_block(long M, long N, long K, const float* A, long rs_a, long c
 }
 
 void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* Wt,
-                      int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+                      int w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep0, int nthreads) {
+    nfi::Bf16Bias bias;
+    const nf_epilogue* ep = bias.get(ep0, N);
     if (a_bf16 && w_bf16 &&
         nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, 1, ldw, C, ldc, accumulate, ep,
                          nthreads))

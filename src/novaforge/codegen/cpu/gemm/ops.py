@@ -151,6 +151,7 @@ def _epilogue(
     act: str,
     residual: torch.Tensor | None,
     keep: list[torch.Tensor],
+    bf16_bias_ok: bool = False,
 ) -> Epilogue | None:
     if bias is None and residual is None and act == "none":
         return None
@@ -159,12 +160,15 @@ def _epilogue(
     ep = Epilogue()
     ep.act = ACTS[act]
     if bias is not None:
-        _check_cpu(bias, "bias")
+        _check_cpu(bias, "bias", (torch.float32, torch.bfloat16) if bf16_bias_ok else (torch.float32,))
         if bias.shape != (N,):
             raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
         bias = bias.contiguous()
         keep.append(bias)
-        ep.bias = bias.data_ptr()
+        if bias.dtype == torch.bfloat16:
+            ep.bias_bf16 = bias.data_ptr()
+        else:
+            ep.bias = bias.data_ptr()
     if residual is not None:
         _check_cpu(residual, "residual")
         if tuple(residual.shape) != (*rows_shape, N):
@@ -188,12 +192,14 @@ def _out(shape: tuple[int, ...], out: torch.Tensor | None) -> torch.Tensor:
 
 
 def _output_and_epilogue(out_shape: tuple[int, ...], out: torch.Tensor | None, bias: torch.Tensor | None, act: str,
-                         residual: torch.Tensor | None) -> tuple[torch.Tensor, Epilogue | None, list[torch.Tensor]]:
+                         residual: torch.Tensor | None, bf16_bias_ok: bool = False,
+                         ) -> tuple[torch.Tensor, Epilogue | None, list[torch.Tensor]]:
     """C (`out` checked, or a new tensor), the epilogue for it, and the tensors the epilogue points
-    into (the caller holds them until the library call returns)."""
+    into (the caller holds them until the library call returns). A bf16 bias only where the entry
+    called is a bf16 one (`bf16_bias_ok`: nf_epilogue.bias_bf16)."""
     c = _out(out_shape, out)
     keep: list[torch.Tensor] = []
-    ep = _epilogue(out_shape[-1], out_shape[:-1], bias, act, residual, keep)
+    ep = _epilogue(out_shape[-1], out_shape[:-1], bias, act, residual, keep, bf16_bias_ok)
     return c, ep, keep
 
 
@@ -225,7 +231,9 @@ def matmul(
         raise ValueError(f"inner dimensions differ: a {tuple(a.shape)}, b has K={b_k}")
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
-    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
+    bf16_entry = (b.layout == "vnni" or a.dtype == torch.bfloat16) if isinstance(b, PackedB) else (
+        torch.bfloat16 in (a.dtype, b.dtype))
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual, bf16_entry)
     if isinstance(b, PackedB) and b.layout == "vnni":
         _check_cpu(a, "a", (torch.bfloat16,))
         lib().nf_gemm_bf16_vnni_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
@@ -305,7 +313,7 @@ def linear(
     N = w.shape[0]
     if accumulate and out is None:
         raise ValueError("accumulate=True needs out")
-    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual)
+    c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual, True)
     lib().nf_gemm_nt_mixed(M, N, K, a.data_ptr(), int(a.dtype == torch.bfloat16), a.stride(0), a.stride(1),
                            w.data_ptr(), int(w.dtype == torch.bfloat16), w.stride(0), c.data_ptr(), c.stride(0),
                            int(accumulate), _ep_ptr(ep), nthreads)
