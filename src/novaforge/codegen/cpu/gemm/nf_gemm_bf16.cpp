@@ -452,16 +452,18 @@ void run_block(const Job& J, long m0, long m1, long n0, long n1) {
             continue;
         }
         uint16_t* d = abuf + next++ * 16 * kp;
+        const long nr = std::min(16L, m1 - r0);
+        if (J.cs_a != 1) {  // k-strided A (dY^T of a weight gradient): k outer, so each k reads the tile's
+            for (long k = 0; k < J.K; ++k)  // rows together (contiguous when rs_a == 1)
+                for (long r = 0; r < nr; ++r) d[r * kp + k] = J.A[(r0 + r) * J.rs_a + k * J.cs_a];
+        }
         for (long r = 0; r < 16; ++r) {
             uint16_t* dr = d + r * kp;
-            if (r0 + r >= m1) {
+            if (r >= nr) {
                 memset(dr, 0, (size_t)kp * 2);
                 continue;
             }
-            const uint16_t* src = J.A + (r0 + r) * J.rs_a;
-            if (J.cs_a == 1) memcpy(dr, src, (size_t)J.K * 2);
-            else
-                for (long k = 0; k < J.K; ++k) dr[k] = src[k * J.cs_a];
+            if (J.cs_a == 1) memcpy(dr, J.A + (r0 + r) * J.rs_a, (size_t)J.K * 2);
             memset(dr + J.K, 0, (size_t)(kp - J.K) * 2);
         }
         tiles[t] = {d, kp};
@@ -525,7 +527,8 @@ void run_block(const Job& J, long m0, long m1, long n0, long n1) {
 }
 
 /* Tasks: columns in units of 32 (a C tile), at least two tasks per thread for balance on a shared
- * machine, each no wider than a column block; rows split only past 512 or when N is too narrow. */
+ * machine, each no wider than a column block; rows split only past 512 or when N is too narrow, or
+ * when A is copied into scratch and is the larger operand (then rows first). */
 void run_job(const Job& J, int nthreads) {
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (omp_in_parallel()) nt = 1;
@@ -533,6 +536,13 @@ void run_job(const Job& J, int nthreads) {
     long tn = std::min(nu, std::max(cdiv(J.N, column_block(J.kp)), nt > 1 ? 2L * nt : 1L));
     long tm = std::min(mu, cdiv(J.M, 512));
     if (tm * tn < nt) tm = std::min(mu, cdiv(nt, tn));
+    if (!J.a_in_place && mu >= 2L * nt && J.M >= J.N) {
+        // A is copied (transposed: a weight gradient's dY^T) by every task for its rows: when it is the
+        // larger operand, split rows instead, so each row is copied once (a task walks all its column
+        // blocks itself; B is then packed once per row block)
+        tm = std::min(mu, std::max(cdiv(J.M, 512), nt > 1 ? 2L * nt : 1L));
+        tn = std::max(1L, std::min(nu, cdiv(nt > 1 ? 2L * nt : 1L, tm)));
+    }
     const long tasks = tm * tn;
     auto task = [&](long t) {
         const long i = t / tn, j = t % tn;
