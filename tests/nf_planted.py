@@ -18,9 +18,16 @@ class _Always:
     __hash__ = None
 
 
+def _no_caches(monkeypatch):
+    """A planted pass bug must neither be served from nor written to the graph caches (the
+    optimized-graph cache keys on the passes' source files, not on functions patched in memory)."""
+    monkeypatch.setenv("NOVAFORGE_GRAPH_CACHE", "0")
+
+
 def plant_inplace_bug(monkeypatch):
     """A miscompilation in plan_memory: a pointwise kernel may write into a buffer that a later
     kernel still reads (the liveness test of the in-place rule is skipped)."""
+    _no_caches(monkeypatch)
     orig = plan_memory_mod._inplace_candidates
 
     class LastUse(dict):
@@ -40,6 +47,7 @@ def clobber_model(x, w):
 
 def plant_pow_bug(monkeypatch):
     """A wrong rewrite rule in simplify: pow(x, 2) -> x * x * x."""
+    _no_caches(monkeypatch)
     orig = simplify_mod._pow
 
     def bad(rw, n, x, e, same_as):

@@ -14,6 +14,8 @@ are cached (meta or unfrozen models: their parameters are inputs): a pass may de
 constant's values (a mask buffer recognized as causal), which a new process's weights may not
 share. Constants the passes made are stored by value when small, else the graph is not cached.
 Symbolic memory plans and records that keep graphs (`keep_graphs`, `pass_trace`) are not cached.
+The key holds the passes' source files, not functions patched in memory: code that patches a
+pass at run time (the test suite's planted bugs) turns the caches off (`graph_cache=False`).
 
 Entries are written atomically and verified on load (format, key, payload sha256, the memory
 plan's own checks, and the IR verifier under NOVAFORGE_CHECK: the verifier over every kernel body
