@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import novaforge
-from novaforge.codegen import registry
+from novaforge.codegen import sources
 from novaforge.options import Options
 from novaforge.passes.context import PassContext
 from novaforge.passes.pipeline import run_pipeline
@@ -75,8 +75,8 @@ def test_every_environment_variable_is_read_in_settings_and_documented() -> None
 def test_backend_hash_covers_every_source_file(tmp_path, monkeypatch) -> None:
     (tmp_path / "be").mkdir()
     (tmp_path / "be" / "a.py").write_text("x = 1\n")
-    monkeypatch.setattr(registry, "PACKAGE", tmp_path)
-    digest = registry.sources_digest.__wrapped__
+    monkeypatch.setattr(sources, "PACKAGE", tmp_path)
+    digest = sources.sources_digest.__wrapped__
     before = digest("be")
     (tmp_path / "be" / "new_file.py").write_text("y = 2\n")  # a new file, in no list anywhere
     after = digest("be")

@@ -10,13 +10,11 @@ outputs followed by mutated inputs' new values.
 
 from __future__ import annotations
 
-import hashlib
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from ..ir import Graph, Kernel
 from ..runtime.interpret import interpret
+from .sources import sources_digest  # noqa: F401  (re-exported: a backend's hash)
 
 
 class InterpretProgram:
@@ -55,26 +53,6 @@ def _triton():
     from .triton.backend import TritonBackend
 
     return TritonBackend()
-
-
-PACKAGE = Path(__file__).resolve().parents[1]  # src/novaforge
-_SOURCE_SUFFIXES = (".py", ".h", ".c", ".cc", ".cpp", ".hpp")
-
-
-@cache
-def sources_digest(*paths: str) -> str:
-    """sha256 of every source file under `paths` (folders, recursively, or files; relative to
-    the package), names included: what a backend's hash covers, so that any change to its code,
-    the IR or the shared body analysis invalidates its cached artifacts. No hand-kept list."""
-    h = hashlib.sha256()
-    for rel in paths:
-        root = PACKAGE / rel
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES
-                                                     and "__pycache__" not in p.parts)
-        for p in files:
-            h.update(str(p.relative_to(PACKAGE)).encode() + b"\0")
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 FACTORIES = {"interpret": InterpretBackend, "cpu": _cpu, "triton": _triton}

@@ -22,7 +22,7 @@ import torch
 from ..ir.ops import random
 from ..ir.ops.elementwise import UNARY_ANY, UNARY_FLOAT, as_bool, lower_div, lower_floordiv
 from ..ir.types import is_float
-from .lower import LowerCtx, opmath_dtype
+from .lower_ctx import LowerCtx, opmath_dtype
 
 aten = torch.ops.aten
 RULES: dict[Any, Any] = {}

@@ -25,7 +25,7 @@ import torch
 from ..ir.ops.matmul import operands
 from ..ir.ops.reduction import arg_reduce, reduce, reduce_axes, reduced_size
 from ..ir.symbolic import Sym
-from .lower import ARG_CHECKS, LowerCtx, UnsupportedError
+from .lower_ctx import ARG_CHECKS, LowerCtx, UnsupportedError
 from .lower_elementwise import as_bool, fill, rule
 
 __all__ = ["layer_norm", "logsumexp", "mean", "reduce", "reduced_size", "softmax", "variance"]

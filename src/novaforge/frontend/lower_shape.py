@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.ops.shape import select_value, slice_value
-from .lower import LowerCtx
+from .lower_ctx import LowerCtx
 from .lower_elementwise import rule
 
 __all__ = ["select_value", "slice_value"]

@@ -1,6 +1,7 @@
 """novaforge IR: value-semantic SSA graphs of typed tensor ops (imports nothing else from the package)."""
 
-from .graph import EMPTY_ATTRS, Attrs, Graph, GraphInput, Node, Rewriter, Value, make_node
+from .attrs import EMPTY_ATTRS, Attrs
+from .graph import Graph, GraphInput, Node, Rewriter, Value, make_node
 from .kernel import Kernel
 from .ops import OPS, OpDef
 from .printer import format_graph

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .attrs import Attrs
 from .types import TensorType
 
 _ids = itertools.count()
@@ -38,66 +39,6 @@ class Value:
 
     def __repr__(self) -> str:
         return f"%{self.hint or 'v'}{self.id}:{self.type}"
-
-
-class Attrs(Mapping[str, Any]):
-    """Immutable attribute mapping; values must be hashable (ints, floats, strs, tuples,
-    dtypes, TensorTypes, frozen objects)."""
-
-    __slots__ = ("_d", "_h")
-
-    def __init__(self, d: Mapping[str, Any] | None = None, **kw: Any) -> None:
-        data = dict(d or {})
-        data.update(kw)
-        for k, v in data.items():
-            if isinstance(v, list):
-                data[k] = _freeze(v)
-        self._d = data
-        self._h: int | None = None
-
-    def __getitem__(self, k: str) -> Any:
-        return self._d[k]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __hash__(self) -> int:
-        if self._h is None:
-            self._h = hash(tuple(sorted(self._d.items(), key=lambda kv: kv[0])))
-        return self._h
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Attrs) and self._d == other._d
-
-    def replace(self, **kw: Any) -> Attrs:
-        d = dict(self._d)
-        d.update(kw)
-        return Attrs(d)
-
-    def __repr__(self) -> str:
-        return ", ".join(f"{k}={_fmt(v)}" for k, v in self._d.items())
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, list | tuple):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, torch.dtype):
-        return str(v).replace("torch.", "")
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, tuple):
-        return "[" + ",".join(_fmt(x) for x in v) + "]"
-    return str(v)
-
-
-EMPTY_ATTRS = Attrs()
 
 
 class Node:

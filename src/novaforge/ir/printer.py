@@ -6,7 +6,10 @@ depend on global value ids. Fused kernels print their bodies indented below the 
 
 from __future__ import annotations
 
-from .graph import Graph
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (a type only: graph.py's Graph.__str__ imports this module)
+    from .graph import Graph
 
 
 def format_graph(graph: Graph, indent: str = "", names: dict | None = None, max_nodes: int | None = None) -> str:

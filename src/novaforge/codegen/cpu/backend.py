@@ -38,7 +38,7 @@ from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, S
 from ...runtime.state import version_of
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..inplace_updates import mutated_input_uses, pointwise_updates
-from ..registry import sources_digest
+from ..sources import sources_digest
 from .analysis import Unsupported
 from .build import compile_flags, compile_library, compiler, compiler_version
 from .kernels import KernelPlan, plan_kernel

@@ -69,7 +69,7 @@ from ...ir.symbolic import (
 from ...options import Options
 from ...schedule import gpu as sched_gpu
 from ..inplace_updates import pointwise_updates
-from ..registry import sources_digest
+from ..sources import sources_digest
 from . import loader
 from .analysis import BodyInfo, Unsupported, analyze
 from .program import Step, TritonProgram

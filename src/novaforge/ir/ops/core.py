@@ -88,7 +88,7 @@ class OpDef:
     abs_bound: Bound | None = None  # |output| bound from its inputs' bounds
 
     def check_attrs(self, given: dict[str, Any]):  # -> Attrs
-        from ..graph import Attrs
+        from ..attrs import Attrs
 
         unknown = set(given) - set(self.attrs)
         if unknown:
