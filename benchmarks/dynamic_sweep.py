@@ -70,7 +70,7 @@ def _compiled(runner: str, model):
     if runner.startswith("nf-dynamic"):
         c = novaforge.compile(model, backend="cpu", dynamic={"input_ids": {1: (2, 4096)}}, symbolic_programs=shared)
         return c, lambda: (c.compilations, c.tiering.eager_calls)
-    from novaforge.frontend import dynamo
+    from novaforge import dynamo
 
     if runner.startswith("nf-dynamo"):
         c = torch.compile(model, backend="novaforge", dynamic=True, options={"symbolic_programs": shared})

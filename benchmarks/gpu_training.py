@@ -132,7 +132,7 @@ def run_case(chk, name: str, prec: str, runners=RUNNERS) -> dict[str, Any]:
             elif eager_losses:
                 r["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(losses, eager_losses, strict=True))
             if runner == "novaforge":
-                from novaforge.frontend import dynamo as nf_dynamo
+                from novaforge import dynamo as nf_dynamo
 
                 r["fallbacks"] = [str(f)[:200] for f in nf_dynamo.FALLBACKS[-10:]]
             model = opt = step = None  # (free before the next runner)

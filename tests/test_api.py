@@ -255,8 +255,7 @@ def test_the_garbage_collector_is_paused_while_compiling(monkeypatch):
     import gc
     import threading
 
-    from novaforge import api
-    from novaforge.frontend import dynamo
+    from novaforge import api, dynamo
     from novaforge.gc_pause import paused_gc
 
     seen: list[bool] = []

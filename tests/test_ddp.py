@@ -48,7 +48,7 @@ def _worker(rank: int, world: int, path: str, mode: str, q) -> None:
                 for a, b in zip(ref.module.parameters(), m.parameters(), strict=True):
                     a -= 0.1 * a.grad
                     b -= 0.1 * b.grad
-        from novaforge.frontend.dynamo import FALLBACKS
+        from novaforge.dynamo import FALLBACKS
 
         trained = not FALLBACKS
         q.put((rank, diffs, trained, None))

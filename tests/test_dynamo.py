@@ -63,7 +63,7 @@ def test_results_are_fresh_where_eager_is():
 
 
 def test_unsupported_graph_runs_eagerly_and_is_recorded():
-    from novaforge.frontend import dynamo as nf_dynamo
+    from novaforge import dynamo as nf_dynamo
 
     torch._dynamo.reset()
     nf_dynamo.FALLBACKS.clear()
@@ -125,7 +125,7 @@ def test_importing_novaforge_registers_the_backend_without_installed_metadata(mo
     from torch._dynamo.backends import registry
 
     import novaforge
-    from novaforge.frontend.dynamo import novaforge_backend
+    from novaforge.dynamo import novaforge_backend
 
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
     monkeypatch.delitem(registry._BACKENDS, "novaforge", raising=False)

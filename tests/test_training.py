@@ -193,7 +193,7 @@ def test_compiled_module_trains_with_gradients_like_eager():
 @pytest.fixture
 def programs(monkeypatch) -> list:
     """Every _AtenGraphProgram built during the test, in order (a forward before its backward)."""
-    import novaforge.frontend.dynamo as nd
+    import novaforge.dynamo as nd
 
     built: list = []
     init = nd._AtenGraphProgram.__init__
@@ -640,7 +640,7 @@ def test_checkpointed_attention_compiles_and_dropout_keeps_its_rng_wrappers():
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
 
-    from novaforge.frontend import dynamo as nf_dynamo
+    from novaforge import dynamo as nf_dynamo
 
     class Block(torch.nn.Module):
         def __init__(self, p: float) -> None:
@@ -676,7 +676,7 @@ def test_checkpointed_attention_compiles_and_dropout_keeps_its_rng_wrappers():
 
 def test_gradient_checkpointed_llama_trains_compiled_through_torch_compile():
     transformers = pytest.importorskip("transformers")
-    from novaforge.frontend import dynamo as nf_dynamo
+    from novaforge import dynamo as nf_dynamo
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,

@@ -8,14 +8,15 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from . import report  # noqa: E402  (callable: novaforge.report(model, *inputs, path=...))
-from .api import CompiledModule, compile  # noqa: E402
-from .bisect import bisect  # noqa: E402  (novaforge.bisect(model, *inputs): the guilty pass and decision)
-from .frontend.capture import CaptureError  # noqa: E402
-from .frontend.lower import UnsupportedError  # noqa: E402
-from .training import compile_step  # noqa: E402
+# compiled_module names CompiledNNModule (the compiled nn.Module) in api.CompiledModule; report is
+# callable: novaforge.report(model, *inputs, path=...)
+from . import compiled_module, report  # noqa: F401
+from .api import CompiledModule, compile
+from .bisect import bisect  # novaforge.bisect(model, *inputs): the guilty pass and decision
+from .frontend.capture import CaptureError
+from .frontend.lower import UnsupportedError
+from .training import compile_step
+from .version import __version__
 
 __all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "compile_step",
            "explain", "report"]
@@ -31,7 +32,7 @@ def _register_dynamo_backend() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if "novaforge" not in _BACKENDS:
-        from .frontend.dynamo import novaforge_backend
+        from .dynamo import novaforge_backend
 
         register_backend(name="novaforge")(novaforge_backend)
 

@@ -7,7 +7,7 @@ and buffers are read from the module at every call (in-place updates are seen), 
 `freeze=True` made them constants of the program.
 
 Gradients: a module call that needs them (grad mode on and an input or parameter requiring
-grad) runs AOTAutograd's forward and backward graphs compiled by novaforge (training.TrainEntry);
+grad) runs AOTAutograd's forward and backward graphs compiled by novaforge (train_entry.TrainEntry);
 a plain function's call that needs them runs the optimized graph through the reference
 interpreter with autograd recording, and one that reads tensors requiring grad from its closure
 (constants of its program) runs eagerly, with a warning. Either way gradients are correct;
@@ -23,7 +23,6 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import logs, settings
+from .compile_stats import BACKENDS, CompileStats, resolve_backend
 from .frontend import pytrees
 from .frontend.capture import Captured, autocast_modes, capture, has_meta_state
 from .frontend.module_state import ModuleModes
@@ -45,21 +45,6 @@ from .runtime import check_numerics
 from .runtime.interpret import interpret
 from .runtime.state import StateBinding, fresh_outputs, storage_ptr, write_back
 from .runtime.tiering import Tiering, build_estimate, record_build
-
-BACKENDS = ("auto", "interpret", "cpu", "triton")
-
-
-@dataclass
-class CompileStats:
-    """What one compilation did: times, pass records, the graphs before and after."""
-
-    captured: Captured
-    graph: Graph
-    records: list[PassRecord]
-    times: dict[str, float]
-    backend: str
-    program: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _inside_a_trace() -> bool:
@@ -76,8 +61,8 @@ def _inside_a_trace() -> bool:
 def _dynamo_can_take(e: BaseException) -> bool:
     """A compile failure that Dynamo may get past (it splits graphs and replays side effects):
     what one graph cannot hold (`_beyond_one_graph`), or a training trace that failed
-    (training.TraceFailed; tried once through Dynamo)."""
-    from .training import TraceFailed
+    (train_entry.TraceFailed; tried once through Dynamo)."""
+    from .train_entry import TraceFailed
 
     return isinstance(e, TraceFailed) or _beyond_one_graph(e)
 
@@ -153,11 +138,17 @@ class CompiledModule:
     """The callable returned by `novaforge.compile` (of an nn.Module: a CompiledNNModule, which is
     also an nn.Module; compiled_module.py)."""
 
+    # the class of a compiled nn.Module: compiled_module.CompiledNNModule, a subclass of this one,
+    # names itself here (this module cannot import it, it imports this one); novaforge/__init__
+    # imports compiled_module, so it is set before anything compiles
+    _nf_module_class: type | None = None
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is CompiledModule and args and isinstance(args[0], torch.nn.Module):
-            from .compiled_module import CompiledNNModule
-
-            return object.__new__(CompiledNNModule)
+            sub = CompiledModule._nf_module_class
+            if sub is None:
+                raise RuntimeError("novaforge.compiled_module is not imported: import novaforge")
+            return object.__new__(sub)
         return object.__new__(cls)
 
     def __init__(self, fn: Any, *, freeze: bool = False, backend: str = "auto",
@@ -175,7 +166,7 @@ class CompiledModule:
         self._programs: dict[tuple, _Entry] = {}
         self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
         self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
-        self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (training.TrainEntry)
+        self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (train_entry.TrainEntry)
         self._trainer: Any = None  # calls that need gradients at varying sizes (Dynamo, dynamic shapes)
         self._via_dynamo: Any = None  # every call, once capture met what one traced graph cannot hold
         self._warned_closure = False  # warned once that closure tensors requiring grad run eagerly
@@ -229,7 +220,7 @@ class CompiledModule:
             with self._lock:
                 self._via_dynamo = None
                 self._train_entries = {k: v for k, v in self._train_entries.items() if v.out_spec is not None}
-            from .training import TraceFailed
+            from .train_entry import TraceFailed
 
             if isinstance(error, TraceFailed):
                 raise
@@ -413,7 +404,7 @@ class CompiledModule:
         return any(t.requires_grad for t in tensors) or any(p.requires_grad for p in self.fn.parameters())
 
     def _train_entry(self, key: tuple, args: tuple, kwargs: dict) -> Any:
-        from .training import TrainEntry
+        from .train_entry import TrainEntry
 
         entry = self._train_entries.get(key)
         if entry is None:
@@ -668,18 +659,6 @@ def _mutated_shares_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]
     others = [t for i, t in enumerate(tensors) if ("user", i) not in targets]
     others += [t for i, t in enumerate(refs) if ("ref", i) not in targets]
     return any(storage_ptr(t) in written for t in others)
-
-
-def resolve_backend(backend: str, graph: Graph) -> str:
-    if backend != "auto":
-        return backend
-    env = settings.backend_override()
-    if env:
-        return env
-    devices = {gi.value.type.device for gi in graph.inputs}
-    if any(d.startswith("cuda") for d in devices):
-        return "triton"
-    return "cpu"
 
 
 def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:

@@ -117,8 +117,7 @@ def bisect(model: Any, *inputs: Any, backend: str = "cpu", freeze: bool = False,
            **options: Any) -> BisectResult:
     """Find the pass and the decision in it that make `model(*inputs)` compiled differ from
     eager (see the module docstring). `options` are compile options (docs/options.md)."""
-    import novaforge
-
+    from . import api
     from .passes.pipeline import default_pipeline
 
     kwargs = dict(kwargs or {})
@@ -135,7 +134,7 @@ def bisect(model: Any, *inputs: Any, backend: str = "cpu", freeze: bool = False,
             opts["pass_fuel"] = fuel
         if trace:
             opts["pass_trace"] = True
-        compiled = novaforge.compile(fresh(), backend=backend, freeze=freeze, **opts)
+        compiled = api.compile(fresh(), backend=backend, freeze=freeze, **opts)
         try:
             with torch.no_grad():
                 got = compiled(*_clone(inputs), **_clone(kwargs))

@@ -1,10 +1,11 @@
 """`novaforge.compile(module)` as an nn.Module: a transparent stand-in for the module it compiles.
 
 `novaforge.compile` of an `nn.Module` returns a `CompiledNNModule` (api.CompiledModule's `__new__`
-picks it): a CompiledModule that is also an `nn.Module`, so it goes where a module goes. A user
-compiles one block and puts it back (`model.layers[i] = novaforge.compile(model.layers[i])`,
-`model.encoder = novaforge.compile(model.encoder)`: both raised TypeError), wraps it in a
-container or passes it to code that checks `isinstance(m, nn.Module)`.
+picks it; this module names the class there, as api cannot import this one): a CompiledModule that
+is also an `nn.Module`, so it goes where a module goes. A user compiles one block and puts it
+back (`model.layers[i] = novaforge.compile(model.layers[i])`, `model.encoder =
+novaforge.compile(model.encoder)`: both raised TypeError), wraps it in a container or passes it
+to code that checks `isinstance(m, nn.Module)`.
 
 It is transparent: it shares the compiled module's parameter, buffer, submodule and hook
 dictionaries (the same dict objects) and proxies `training`, so
@@ -38,6 +39,8 @@ _SHARED = tuple(sorted(k for k in torch.nn.Module().__dict__ if k not in ("train
 
 class CompiledNNModule(CompiledModule, torch.nn.Module):
     """See the module docstring."""
+
+    _nf_stand_in = True  # (frontend/module_state.py reads the compiled module's state, not this one's)
 
     # plain attribute assignment (CompiledModule's fields; not nn.Module's registration of
     # parameters and submodules, which would make the compiled module a child of itself)
@@ -106,3 +109,6 @@ class CompiledNNModule(CompiledModule, torch.nn.Module):
 
     def __dir__(self) -> list[str]:
         return sorted(set(object.__dir__(self)) | set(dir(self.__dict__["fn"])))
+
+
+CompiledModule._nf_module_class = CompiledNNModule  # (api's CompiledModule(module) builds one of these)

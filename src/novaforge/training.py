@@ -1,16 +1,8 @@
-"""Training, compiled: differentiable compiled calls, and the whole step in one program.
+"""Training, compiled: the whole step in one program.
 
-Two entry points:
+(Differentiable calls of `novaforge.compile(model)`, AOTAutograd's forward and backward graphs
+compiled by novaforge, are `TrainEntry` in train_entry.py.)
 
-* `TrainEntry` (used by `novaforge.compile(model)` for calls that need gradients): the call is
-  traced by AOTAutograd into a forward and a backward ATen graph (its min-cut partitioner, as
-  Inductor: the backward recomputes fusible pointwise values instead of keeping them; below
-  `memory_budget=1` with that activation budget, `frontend.dynamo.partition_for`); each graph goes
-  through novaforge's pass pipeline and backend (`frontend.dynamo` compilers, the same as
-  `torch.compile(backend="novaforge")`), and the call returns outputs differentiable through one
-  `autograd.Function` around the two compiled programs: `loss.backward()` fills `.grad` of the
-  module's parameters as eager does, any optimizer works. Buffers updated in the forward
-  (BatchNorm statistics) are written back.
 * `compile_step(model, optimizer, loss_fn)`: forward, loss, backward (traced through
   `torch.autograd.grad`), gradient clipping by global norm and the optimizer update (AdamW,
   Adam, SGD with momentum, Nesterov and weight decay; `maximize`) as ONE graph, so the passes
@@ -41,89 +33,10 @@ from typing import Any
 
 import torch
 
-from . import logs
-from .frontend import pytrees
-from .frontend.capture import TRACING_LOCK, shadow_module, tensor_attributes_watched
-from .frontend.capture_fx import tracing_flags
+from . import api, logs
+from .frontend.capture import shadow_module
 from .frontend.lower import COMPOSITES
 from .frontend.module_state import ModuleModes
-from .gc_pause import paused_gc
-
-# ---------------------------------------------------------------- differentiable calls
-
-
-class TraceFailed(RuntimeError):
-    """The first call of a TrainEntry could not be traced (control flow on tensor values, a
-    plain tensor attribute the functional call does not lift, or an error eager raises too):
-    `CompiledModule` then tries the call through Dynamo, which splits graphs where needed."""
-
-
-class TrainEntry:
-    """One input signature of a compiled module, differentiable: AOTAutograd forward/backward
-    graphs compiled by novaforge."""
-
-    def __init__(self, module: torch.nn.Module, args: tuple, kwargs: dict, options: dict[str, Any]) -> None:
-        from torch._functorch.aot_autograd import aot_function
-
-        from .frontend.dynamo import _compile_aten, _decompositions, partition_for
-
-        self.module = module
-        self.shadow = shadow = shadow_module(module)
-        self.pnames = [n for n, _ in module.named_parameters()]
-        self.bnames = [n for n, _ in module.named_buffers()]
-        flat = pytrees.flatten((tuple(args), dict(kwargs)))
-        in_spec = flat.spec
-        self.out_spec: pytrees.Spec | None = None
-        pn, bn = self.pnames, self.bnames
-
-        def fn(params: list[torch.Tensor], buffers: list[torch.Tensor], *tensors: torch.Tensor) -> list[torch.Tensor]:
-            a, k = pytrees.unflatten(in_spec, list(tensors))
-            state = {**dict(zip(pn, params, strict=True)), **dict(zip(bn, buffers, strict=True))}
-            out = torch.func.functional_call(shadow, state, tuple(a), k, tie_weights=True, strict=False)
-            f = pytrees.flatten(out)
-            bad = pytrees.non_plain_consts(f.spec)
-            if bad:
-                raise TypeError(f"{type(module).__name__} returns values novaforge cannot rebuild: {bad[:3]}")
-            self.out_spec = f.spec
-            return f.leaves
-
-        self.programs: list[Any] = []  # the forward's and the backward's _AtenGraphProgram
-        self.compiled = aot_function(fn, fw_compiler=_compile_aten(dict(options), self.programs),
-                                     bw_compiler=_compile_aten(dict(options), self.programs, backward=True),
-                                     decompositions=_decompositions(), **partition_for(options))
-        self._lock = threading.Lock()
-
-    def stats(self) -> Any:
-        """The forward program's CompileStats (None before the first call or where it fell back)."""
-        for program in self.programs:
-            if program.stats:
-                return program.stats[-1]
-        return None
-
-    def run(self, tensors: list[torch.Tensor], objs: list[Any]) -> Any:
-        params = [p for _, p in self.module.named_parameters()]
-        buffers = [b for _, b in self.module.named_buffers()]
-        if self.out_spec is None:  # the first call traces (and sets out_spec): one trace at a time per process
-            with TRACING_LOCK, self._lock, paused_gc(), tracing_flags():
-                try:
-                    # (a tracing context carries AOTAutograd's metadata, its donated buffers among
-                    # them, to the backward's compiler: frontend/dynamo.py `_take_donated`)
-                    from torch._subclasses.fake_tensor import FakeTensorMode
-
-                    with torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode())), \
-                            tensor_attributes_watched(self.shadow, type(self.module).__name__):
-                        outs = self.compiled(params, buffers, *tensors)
-                except Exception as e:
-                    raise TraceFailed(f"AOTAutograd could not trace {type(self.module).__name__} for training: "
-                                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-        else:
-            with self._lock:
-                outs = self.compiled(params, buffers, *tensors)
-        assert self.out_spec is not None
-        return pytrees.unflatten(self.out_spec, list(outs), inputs_objs=objs, inputs_tensors=tensors)
-
-
-# ------------------------------------------------------------------------ whole step
 
 OPTIMIZERS = ("AdamW", "Adam", "SGD")
 
@@ -330,8 +243,6 @@ class CompiledStep:
         return flat_step
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        import novaforge
-
         with self._lock:
             named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
             names = [n for n, _ in named]
@@ -361,7 +272,7 @@ class CompiledStep:
                     "the step is traced, not at every step", key[4][0])
             if fn is None:
                 step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states], bnames)
-                fn = novaforge.compile(step, backend=self.backend, **self.options)
+                fn = api.compile(step, backend=self.backend, **self.options)
                 self._compiled[key] = fn
             flat_states = [t for s in states for t in s]
             with torch.no_grad():  # the program computes the gradients itself

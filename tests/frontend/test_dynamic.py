@@ -179,7 +179,7 @@ def test_a_trace_that_specializes_falls_back_per_size():
 def test_dynamo_dynamic_graph_is_lowered_once(shared):
     """Lowered once; built once for every size (a shared program, instantiated per size), or,
     with symbolic_programs=False, specialized and built per size."""
-    from novaforge.frontend import dynamo
+    from novaforge import dynamo
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -79,7 +79,7 @@ def test_data_dependent_control_flow_names_the_line(mode: str) -> None:
 @pytest.mark.parametrize(("fn", "line"), [(f_nonzero, 0), (f_mask, 0), (f_unique, 0), (f_masked_select, 0),
                                           (f_branch, 1), (f_item_size, 1)])
 def test_data_dependent_code_compiles_through_dynamo_by_default(fn, line: int, mode: str, caplog) -> None:
-    from novaforge.frontend import dynamo
+    from novaforge import dynamo
 
     compiled = novaforge.compile(fn, backend="cpu", capture=mode)
     built = dynamo.PROGRAMS_BUILT[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from novaforge.frontend import dynamo as nf_dynamo
+from novaforge import dynamo as nf_dynamo
 from novaforge.frontend import static_parts
 from novaforge.runtime import tiering
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from novaforge.frontend.dynamo import FALLBACKS, _AtenGraphProgram
+from novaforge.dynamo import FALLBACKS, _AtenGraphProgram
 
 aten = torch.ops.aten
 B, H, L, E = 2, 3, 37, 16

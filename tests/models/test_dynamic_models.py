@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import novaforge
+from novaforge import dynamo
 from novaforge.bench.workloads import build_inference_model, input_ids
-from novaforge.frontend import dynamo
 
 LENGTHS = (7, 16, 23)
 
@@ -66,7 +66,7 @@ def test_dynamo_dynamic_gpt2_keeps_attention_fused():
     casts made that program 7x slower than the static one) and both attentions stay fused."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from novaforge.frontend.dynamo import _compile_aten, _decompositions
+    from novaforge.dynamo import _compile_aten, _decompositions
 
     torch._dynamo.reset()
     model, vocab = build_inference_model("gpt2-tiny")

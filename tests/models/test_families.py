@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 import novaforge
-from novaforge.frontend import dynamo as nf_dynamo
+from novaforge import dynamo as nf_dynamo
 from novaforge.frontend import pytrees
 
 from .families import DECODERS, build, families

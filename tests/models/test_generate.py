@@ -10,7 +10,7 @@ import torch._dynamo
 import transformers as tf
 
 import novaforge
-from novaforge.frontend import dynamo as nf_dynamo
+from novaforge import dynamo as nf_dynamo
 
 from .families import build
 

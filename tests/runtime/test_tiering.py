@@ -18,7 +18,7 @@ import torch
 import torch._dynamo
 
 import novaforge
-from novaforge.frontend import dynamo as nf_dynamo
+from novaforge import dynamo as nf_dynamo
 from novaforge.runtime import tiering
 
 

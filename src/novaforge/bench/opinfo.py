@@ -111,7 +111,7 @@ def check_op(op: Any, samples: int = 3) -> OpResult:
     import torch
     import torch._dynamo
 
-    from ..frontend import dynamo as nf_dynamo
+    from .. import dynamo as nf_dynamo
 
     res = OpResult(op.name, op.variant_test_name, "compiled")
     try:

@@ -141,7 +141,7 @@ def _scan_gemm(kd: Path) -> list[Entry]:
 
 # ----------------------------------------------------------------------------- checks
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

@@ -49,7 +49,7 @@ LOCK_TIMEOUT_S = 600.0  # no build takes this long: a lock held longer belongs t
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

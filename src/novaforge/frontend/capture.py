@@ -28,8 +28,8 @@ import torch.utils._pytree as pytree
 from .. import settings
 from ..ir import Graph
 from ..ir.ops.random import random_mode
-from ..runtime.state import freezable
 from .lower import InputSpec, UnsupportedError, lower_fx
+from .module_state import freezable
 
 
 class CaptureError(RuntimeError):

@@ -32,10 +32,10 @@ import torch
 import torch.utils._python_dispatch
 
 from ..ir.ops.random import RngReplay, counter_mode, is_random_target, rng_replay
-from ..runtime.state import freezable
 from . import pytrees
 from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
+from .module_state import freezable
 from .replicate_layers import ReplayMismatch, replicated_layers
 
 

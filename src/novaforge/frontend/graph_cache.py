@@ -208,7 +208,7 @@ def _version() -> str:
     lowering, the IR), so a changed lowering rule never meets a graph cached before it."""
     global _SOURCE_DIGEST
     if _SOURCE_DIGEST is None:
-        from .. import __version__
+        from ..version import __version__
 
         h = hashlib.sha256(__version__.encode())
         pkg = Path(__file__).resolve().parent.parent

@@ -25,6 +25,9 @@ in-place mutation of a mutable attribute value compared equal to itself (a list 
 the snapshot holds copies of lists and dicts, so this *is* seen for those up to 64 items), and
 globals the forward reads.
 
+`freezable(t)` is capture's rule for which module tensors `freeze=True` may bake into a program
+(runtime/state.py checks the frozen ones at every call).
+
 Invariant: `key()` returns equal keys for module trees whose flags, hook counts and watched
 attribute values are equal, and different keys otherwise (within one ModuleModes); it never
 mutates the modules.
@@ -59,6 +62,14 @@ _MAX_ITEMS = 64
 STATE_WARNING = 8  # distinct attribute states of one module tree before a warning
 
 
+def freezable(t: torch.Tensor) -> bool:
+    """Whether `freeze=True` may bake module tensor t into a program (packed, folded): not an
+    inference tensor, since inside `torch.inference_mode()` it can be changed in place with no
+    version counter to reveal it (`runtime.state.version_of` is -1 there). Those are bound like
+    unfrozen parameters, read at every call."""
+    return not t.is_inference()
+
+
 def _plain(v: Any, depth: int = 0) -> bool:
     """A value compared by value: a scalar, or a small tuple / list / dict of plain values."""
     if isinstance(v, _SCALARS):
@@ -84,9 +95,9 @@ def _frozen(v: Any) -> Any:
 
 
 def _stand_in(m: Any) -> bool:
-    from ..compiled_module import CompiledNNModule
-
-    return isinstance(m, CompiledNNModule)
+    """A compiled module standing in for the module it compiles (compiled_module.CompiledNNModule,
+    which says so by a class attribute: capture knows no compiled module)."""
+    return getattr(type(m), "_nf_stand_in", False) is True
 
 
 def _holder(v: Any) -> bool:

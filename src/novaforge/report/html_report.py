@@ -316,7 +316,7 @@ def render(d: dict[str, Any], title: str) -> str:
                 ("memory", "Memory", ""), ("compile", "Compile time", ""),
                 ("training", "Training", _training(d)), ("externs", "Externs", _externs(d)),
                 ("ir", "IR", _ir(st))]
-    from .. import __version__
+    from ..version import __version__
 
     sub = (f"novaforge {__version__} · {st.backend} backend · "
            f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} · {platform.node()}")

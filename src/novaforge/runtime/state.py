@@ -9,8 +9,8 @@ constants baked in at compile time). Eager reads `module.weight` at every call, 
   otherwise the call recompiles; a frozen program always recompiles;
 * a frozen tensor changed in place (its `_version` moves) or given new storage (`p.data = t`)
   recompiles (module tensors made under `torch.inference_mode()` keep no version counter, so
-  `freezable` leaves them unfrozen; a program-made inference constant is checked for identity
-  and storage only);
+  capture leaves them unfrozen: `frontend.module_state.freezable`; a program-made inference
+  constant is checked for identity and storage only);
 * unfrozen tensors changed in place need nothing: their memory is read at every call, but
   their layout is checked, since `p.data = t` can change it.
 
@@ -90,13 +90,6 @@ def version_of(t: torch.Tensor) -> int:
     """t's in-place version counter; -1 for an inference tensor, which has none (reading
     `_version` raises there)."""
     return -1 if t.is_inference() else t._version
-
-
-def freezable(t: torch.Tensor) -> bool:
-    """Whether `freeze=True` may bake module tensor t into a program (packed, folded): not an
-    inference tensor, since inside `torch.inference_mode()` it can be changed in place with no
-    version counter to reveal it. Those are bound like unfrozen parameters, read at every call."""
-    return not t.is_inference()
 
 
 def _data_ptr(t: torch.Tensor) -> int:

@@ -13,8 +13,8 @@ import torch
 
 import novaforge
 from nf_symbolic_cases import CASES, _rand, run_case
+from novaforge import dynamo as nf_dynamo
 from novaforge.codegen.triton.sized import SizedTritonProgram
-from novaforge.frontend import dynamo as nf_dynamo
 from novaforge.ir.symbolic import py_expr, symbol, tl_expr
 
 

@@ -105,7 +105,7 @@ class TorchCompileNovaforgeRunner:
         return Prepared(_inference_call(torch.compile(model, backend="novaforge"), inputs), info={"mode": "dynamo"})
 
     def generate(self, model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, ctx: RunContext) -> Prepared:
-        from ...frontend import dynamo
+        from ... import dynamo
 
         model.forward = torch.compile(model.forward, backend="novaforge")
         return Prepared(generate_call(model.generate, ids, new_tokens), to_tensor=lambda out: out,

@@ -1,4 +1,9 @@
-"""`torch.compile(model, backend="novaforge")`: the Dynamo backend.
+"""`torch.compile(model, backend="novaforge")`: the Dynamo backend (the package's entry point
+`torch_dynamo_backends: novaforge = novaforge.dynamo:novaforge_backend`).
+
+It sits in the entry layer beside `novaforge.compile` (api.py) because it calls both capture's
+lowering (frontend/) and a backend (codegen/, chosen by `compile_stats.resolve_backend`);
+capture itself knows no backend (tests/test_import_layers.py).
 
 Dynamo hands us one FX graph per graph-break-free region; AOTAutograd functionalizes it to
 ATen (forward, and for training a backward graph too) and calls the compiler on each. Every
@@ -48,12 +53,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from .. import logs
-from ..gc_pause import paused_gc
-from ..ir.symbolic import Sym, SymbolicDecision
-from ..options import Options
-from ..runtime.tiering import Tiering, build_estimate, record_build
-from .static_parts import time_in_parts
+from . import logs
+from .frontend.static_parts import time_in_parts
+from .gc_pause import paused_gc
+from .ir.symbolic import Sym, SymbolicDecision
+from .options import Options
+from .runtime.tiering import Tiering, build_estimate, record_build
 
 log = logs.get_logger("dynamo")
 
@@ -145,7 +150,7 @@ class _AtenGraphProgram:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | Options,
                  part: bool = False, donated: Sequence[int] = ()) -> None:
-        from .rng_hops import unwrap_rng_free
+        from .frontend.rng_hops import unwrap_rng_free
 
         unwrap_rng_free(gm)  # activation checkpointing's RNG wrappers around ops that draw no random numbers
         self.gm = gm
@@ -200,9 +205,9 @@ class _AtenGraphProgram:
     def _lower(self, gm: torch.fx.GraphModule, symbolic: bool = False):
         """(IR graph, lowering context, placeholder specs, output args, constant outputs); with
         `symbolic`, the graph keeps Dynamo's symbolic sizes (constant outputs are IR dims)."""
-        from ..ir.ops.random import random_mode
-        from .dynamic import SymbolConverter
-        from .lower import InputSpec, lower_fx
+        from .frontend.dynamic import SymbolConverter
+        from .frontend.lower import InputSpec, lower_fx
+        from .ir.ops.random import random_mode
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         specs = [InputSpec("user" if isinstance(n.meta.get("val"), torch.Tensor) else "skip", n.name)
@@ -223,10 +228,10 @@ class _AtenGraphProgram:
         return graph, ctx, specs, out_args, constants, (conv.finish() if conv is not None else None), sizes
 
     def _build(self, gm: torch.fx.GraphModule, lowered: Any = None):
-        from ..api import CompileStats, resolve_backend
-        from ..codegen.registry import get_backend
-        from ..passes.pipeline import run_pipeline
-        from .capture import Captured
+        from .codegen.registry import get_backend
+        from .compile_stats import CompileStats, resolve_backend
+        from .frontend.capture import Captured
+        from .passes.pipeline import run_pipeline
 
         graph, ctx, specs, out_args, constants, _, _ = lowered if lowered is not None else self._lower(gm)
         aten = graph.meta["aten_ops"]
@@ -283,7 +288,7 @@ class _AtenGraphProgram:
         return self.parts or self.gm
 
     def _split_static_parts(self) -> Any:
-        from .static_parts import split, structure_key
+        from .frontend.static_parts import split, structure_key
 
         if not self.options.static_parts:
             return False
@@ -381,10 +386,10 @@ class _AtenGraphProgram:
     def _build_shared(self) -> Any:
         """(program, symbolic graph, input specs, number of outputs) for every size the symbolic
         lowering admits, or False (logged: the graph is then compiled per size, as before)."""
-        from ..api import CompileStats, resolve_backend
-        from ..codegen.registry import get_backend
-        from ..passes.pipeline import run_pipeline
-        from .capture import Captured
+        from .codegen.registry import get_backend
+        from .compile_stats import CompileStats, resolve_backend
+        from .frontend.capture import Captured
+        from .passes.pipeline import run_pipeline
 
         if self.symbolic is None:
             self._lower_symbolic()
@@ -432,7 +437,7 @@ class _AtenGraphProgram:
     def _symbol_values(self, args: Sequence[Any]) -> tuple[dict, dict] | None:
         """(symbol values, constant outputs) of a call of the symbolic lowering, or None when
         its sizes do not fit the lowering's table."""
-        from ..ir.symbolic import bind_symbols
+        from .ir.symbolic import bind_symbols
 
         graph, _, specs, _, constants, table, sizes = self.symbolic
         pattern = []
@@ -453,7 +458,7 @@ class _AtenGraphProgram:
     def _specialized_lowering(self, args: Sequence[Any]) -> Any:
         """The symbolic lowering specialized at the sizes of `args`, or None (logged once: the
         graph could not be lowered symbolically; or these sizes fall outside its table)."""
-        from .dynamic import specialize
+        from .frontend.dynamic import specialize
 
         if self.symbolic is None:
             self._lower_symbolic()
@@ -491,7 +496,7 @@ def _constant_output(a: Any) -> Any:
             return guard_scalar(val)
         if isinstance(val, int | float | bool):
             return val
-        from .lower import UnsupportedError
+        from .frontend.lower import UnsupportedError
 
         raise UnsupportedError(f"graph output {a.name} is not a tensor ({type(val).__name__})")
     return a
@@ -511,11 +516,11 @@ class _Runner:
         self.values = values
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
-        from ..runtime.interpret import interpret
+        from .runtime.interpret import interpret
 
         tensors = [args[i] for i in self.tensor_pos]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            from ..ir.specialize import specialize
+            from .ir.specialize import specialize
 
             outs = interpret(specialize(self.graph, self.values) if self.values else self.graph, tensors)
         else:
@@ -523,7 +528,7 @@ class _Runner:
             if getattr(self.program, "outputs_fresh", False):
                 tensors = []
         if tensors:  # results must be fresh: AOTAutograd rebuilds the aliases eager has
-            from ..runtime.state import fresh_outputs
+            from .runtime.state import fresh_outputs
 
             owned = [gi.tensor for gi in self.graph.inputs if gi.kind == "const" and gi.tensor is not None]
             outs = fresh_outputs(outs, tensors, [], owned)
