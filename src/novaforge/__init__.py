@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
-# compiled_module names CompiledNNModule (the compiled nn.Module) in api.CompiledModule; report is
-# callable: novaforge.report(model, *inputs, path=...)
-from . import compiled_module, report  # noqa: F401
+# codegen gives the IR its CUDA attention kernels; compiled_module names CompiledNNModule (the
+# compiled nn.Module) in api.CompiledModule; report is callable: novaforge.report(model, *inputs, path=...)
+from . import codegen, compiled_module, report  # noqa: F401
 from .api import CompiledModule, compile
 from .bisect import bisect  # novaforge.bisect(model, *inputs): the guilty pass and decision
 from .frontend.capture import CaptureError

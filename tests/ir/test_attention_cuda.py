@@ -135,7 +135,7 @@ def test_a_cpu_scalar_constant_read_on_another_device_becomes_a_scalar_there():
 def test_the_efficient_kernels_bias_has_aligned_rows(s):
     """ATen's memory-efficient attention refuses a bias whose rows are not 16-element aligned
     (BERT's padding mask at a length like 37): the bias is built in 16-aligned rows."""
-    from novaforge.ir.ops.attention_cuda import _bias
+    from novaforge.ir.ops.attention_cuda_impl import _bias
 
     q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, s, 8)
     keep = torch.rand(2, 1, 1, s) > 0.3

@@ -61,10 +61,10 @@ def test_flash_attention_strided_views_and_bf16():
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_records_cuda_implementation_matches_the_cpu_one(causal):
     """`attention_lse` / `attention_backward` on CUDA tensors run novaforge's Triton flash kernels
-    (ir/ops/attention_cuda.py); here the same code on CPU tensors (interpreter) against the
+    (ir/ops/attention_cuda_impl.py); here the same code on CPU tensors (interpreter) against the
     records' CPU implementation (ATen's CPU flash): heads-last outputs, [B, H, L] logsumexp, GQA."""
     from novaforge.ir.ops import OPS
-    from novaforge.ir.ops.attention_cuda import attention_backward_cuda, attention_lse_cuda
+    from novaforge.ir.ops.attention_cuda_impl import attention_backward_cuda, attention_lse_cuda
 
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 19, 16), torch.randn(2, 2, 19, 16), torch.randn(2, 2, 19, 16)

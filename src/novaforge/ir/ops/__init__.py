@@ -3,9 +3,9 @@
 One file per family, each a list of records (`core.OpDef`, see core.py for the fields and
 flags): elementwise.py, generators.py, reduction.py, shape.py, indexing.py, matmul.py
 (anchors), extern.py; attention_cuda.py lowers CUDA's SDPA forms to matmul.py's
-records. To add an op: define it in its family's file (name, arity, inference,
-reference implementation, flags, cost; its ATen rules with `@op.lowers(...)` and its VJP
-with `@op.defvjp` beside it), then register one rendering per backend
+records (attention_cuda_impl.py: their implementations on CUDA tensors). To add an op: define
+it in its family's file (name, arity, inference, reference implementation, flags, cost; its
+ATen rules with `@op.lowers(...)` and its VJP with `@op.defvjp` beside it), then register one rendering per backend
 (codegen/cpu/cexpr.py, codegen/triton/exprs.py) or a "not rendered: reason" there;
 `novaforge ops --backends` lists what each backend does with every op.
 

@@ -11,7 +11,8 @@ The ops differ in their logsumexp's shape: flash [B, H, L], cuDNN [B, H, L, 1], 
 [B, H, ceil(L / 32) * 32] (zero padded). The lowered forward returns it in its op's shape (so a
 saved tensor between separately compiled forward and backward programs has the shape ATen
 declared) and the backward takes it back to [B, H, L]. Their seed/offset outputs (dropout state)
-are zeros: dropout is an extern, never lowered here.
+are zeros: dropout is an extern, never lowered here. The records' implementations on CUDA tensors
+(what the interpreter runs there) are in attention_cuda_impl.py.
 
 Invariant: lowered or not, a CUDA attention computes softmax(q k^T * scale + mask) v with the
 top-left causal triangle, and its backward the gradients of that, as eager's op does.
@@ -135,82 +136,3 @@ def _lower_efficient_backward(ctx, grad_out, query, key, value, attn_bias, out, 
 def _lower_flash_backward(ctx, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                           dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     return _backward(ctx, grad_out, query, key, value, out, logsumexp, None, dropout_p, is_causal, scale)
-
-
-# ------------------------------------------------ reference implementations on CUDA tensors
-
-
-def _as4(t: torch.Tensor) -> torch.Tensor:
-    """[..., H, L, E] as [B, H, L, E] (a view where the leading dims allow it)."""
-    if t.dim() == 3:
-        return t.unsqueeze(0)
-    return t.reshape((-1,) + tuple(t.shape[-3:])) if t.dim() > 4 else t
-
-
-def _tf32() -> bool:
-    """Float32 attention on TF32 tensor cores when the user allowed it for matmuls, as eager's would."""
-    return torch.get_float32_matmul_precision() != "highest"
-
-
-def _bias(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A mask as the additive bias [B, H, L, S] the efficient kernels take: rows 16-element
-    aligned (the kernels refuse other row strides; SDPA pads the same way), S columns of them."""
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-    s = k.shape[-2]
-    shape = q.shape[:-1] + (s,)
-    rows = torch.zeros(q.shape[:-1] + (s + -s % 16,), dtype=q.dtype, device=q.device)
-    rows[..., :s] = mask.expand(shape)
-    return _as4(rows[..., :s])
-
-
-def _repeat_heads(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return t if t.shape[-3] == q.shape[-3] else t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3)
-
-
-def attention_lse_cuda(xs, a):
-    """attention_lse on CUDA: novaforge's Triton flash kernels (attention_train.py) without a
-    mask, ATen's memory-efficient kernels with one."""
-    q, k, v = xs[:3]
-    mask = xs[3] if len(xs) > 3 else None
-    lead = q.shape[:-3]
-    if mask is None:
-        from ...codegen.triton.attention_train import flash_attention_forward
-
-        out, lse = flash_attention_forward(_as4(q), _as4(k), _as4(v), causal=a["causal"], scale=a["scale"],
-                                           tf32=_tf32())
-        lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # the record: 0 for a row without keys
-    else:
-        q4, k4, v4 = _as4(q), _as4(_repeat_heads(q, k)), _as4(_repeat_heads(q, v))
-        out, lse, _, _ = aten._scaled_dot_product_efficient_attention(q4, k4, v4, _bias(q, k, mask), True, 0.0,
-                                                                      a["causal"], scale=a["scale"])
-        lse = lse[..., :q.shape[-2]]
-    out = out.reshape(lead + out.shape[-3:])
-    return out.transpose(-3, -2).contiguous(), lse.reshape(q.shape[:-1]).contiguous()
-
-
-def attention_backward_cuda(xs, a):
-    """attention_backward on CUDA (the same kernels as attention_lse_cuda), gradients heads-last."""
-    g, q, k, v, o, lse = xs[:6]
-    mask = xs[6] if len(xs) > 6 else None
-    if mask is None:
-        from ...codegen.triton.attention_train import flash_attention_backward
-
-        dq, dk, dv = flash_attention_backward(_as4(q), _as4(k), _as4(v), _as4(o), _as4(lse.unsqueeze(-1))[..., 0],
-                                              _as4(g), causal=a["causal"], scale=a["scale"], tf32=_tf32())
-    else:
-        k4, v4 = _as4(_repeat_heads(q, k)), _as4(_repeat_heads(q, v))
-        rows = lse.shape[-1]
-        padded = torch.nn.functional.pad(_as4(lse.unsqueeze(-1))[..., 0], (0, -rows % 32))
-        zero = torch.zeros((), dtype=torch.int64, device=q.device)
-        dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            _as4(g), _as4(q), k4, v4, _bias(q, k, mask), _as4(o), padded, zero, zero, 0.0,
-            [True, True, True, False], a["causal"], scale=a["scale"])
-        hk, hq = k.shape[-3], q.shape[-3]
-        if hk != hq:
-            dk = dk.reshape(dk.shape[0], hk, hq // hk, *dk.shape[2:]).sum(2)
-            dv = dv.reshape(dv.shape[0], hk, hq // hk, *dv.shape[2:]).sum(2)
-    out = []
-    for grad, like in ((dq, q), (dk, k), (dv, v)):
-        out.append(grad.reshape(like.shape).transpose(-3, -2).contiguous())
-    return tuple(out)

@@ -66,7 +66,7 @@ def operands(ctx, *args):
 def same_dtype_check(ctx, *args, **_kwargs) -> None:
     """Eager's matrix products require one dtype for all tensor operands (a float64 or int64 input
     to a float32 nn.Linear raises there, zero-size or not), so they raise here too, as RuntimeError.
-    The frontend runs it before lowering (frontend/lower.py ARG_CHECKS)."""
+    The frontend runs it before lowering (frontend/lower_ctx.py ARG_CHECKS)."""
     args = [a for a in args if isinstance(a, torch.fx.Node)]
     dtypes = {ctx.val(a).type.dtype for a in args if a is not None}
     if len(dtypes) > 1:
@@ -216,7 +216,7 @@ def _aten_flash(op, xs, n: int, a):
 
 def _attention_lse_impl(xs, a):
     if xs[0].is_cuda:
-        from .attention_cuda import attention_lse_cuda
+        from .attention_cuda_impl import attention_lse_cuda
 
         return attention_lse_cuda(xs, a)
     out, lse = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu, xs, 3, a)
@@ -244,7 +244,7 @@ def _attention_backward_infer(ts, a):
 
 def _attention_backward_impl(xs, a):
     if xs[0].is_cuda:
-        from .attention_cuda import attention_backward_cuda
+        from .attention_cuda_impl import attention_backward_cuda
 
         return attention_backward_cuda(xs, a)
     grads = _aten_flash(aten._scaled_dot_product_flash_attention_for_cpu_backward, xs, 6, a)
