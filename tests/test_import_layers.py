@@ -54,12 +54,7 @@ LAYERS: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
 
 # cycles known and owned elsewhere: each is the set of modules of one cycle, with why it is here.
 # The test fails when one no longer exists, so an entry is removed with its fix.
-PENDING_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"novaforge.frontend.capture", "novaforge.frontend.capture_fx"}):
-        "capture_fx imports capture.user_frame while capture imports capture_fx.capture_fx; the fix (user_frame "
-        "into a module of its own) moves a function of frontend/capture.py, which the layer-once tracing work "
-        "is editing",
-}
+PENDING_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclass(frozen=True)

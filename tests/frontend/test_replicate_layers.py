@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import novaforge
+from models.families import build, families
 from novaforge.frontend.capture import capture
 from novaforge.ir.structural import graph_key
-
-from models.families import build, families
 
 # families whose layers replay in the tiny configs, in their default configs (the cache's
 # update() replayed between the recorded segments) and with use_cache=False; Mamba's layers read

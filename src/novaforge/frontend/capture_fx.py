@@ -361,7 +361,7 @@ def capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool,
         return _capture_fx(mod, args, kwargs, freeze=freeze, is_function=is_function, fake=fake, stacks=False,
                            dynamic=dynamic, replicate=replicate)
     except Exception as e:
-        from .capture import CaptureError
+        from .captured import CaptureError
 
         if isinstance(e, CaptureError) or getattr(e, "_nf_from_tracing", False):
             raise  # a tracing error: its message already names the user's frame
@@ -507,7 +507,7 @@ def _check_objects_returned_if_updated(objs: list[Any], before: list[tuple], out
     changed = [type(o).__name__ for o, b in zip(objs, before, strict=True)
                if id(o) not in covered and _object_state(o) != b]
     if changed:
-        from .capture import StatefulForwardError
+        from .captured import StatefulForwardError
 
         raise StatefulForwardError(f"{name}'s forward updates the {changed[0]} passed to it in place without returning "
                                    "it: one compiled program would drop the update")
@@ -516,7 +516,7 @@ def _check_objects_returned_if_updated(objs: list[Any], before: list[tuple], out
 def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool, is_function: bool,
                 fake: bool, stacks: bool, dynamic: list | None = None, replicate: bool = False):
 
-    from .capture import Captured, CaptureError, DataDependentError, UntraceableError
+    from .captured import Captured, CaptureError, DataDependentError, UntraceableError
 
     params = dict(mod.named_parameters())
     buffers = dict(mod.named_buffers())
@@ -594,7 +594,7 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         dd = "data-dependent" in str(e) or "_local_scalar_dense" in str(e) or "GuardOnDataDependent" in type(e).__name__
         hint = (" (control flow or shapes that depend on tensor values cannot be compiled; move them out of "
                 "the compiled region)") if dd else ""
-        from .capture import user_frame
+        from .captured import user_frame
 
         where = user_frame(e)
         at = f" at {where}" if where else ""
