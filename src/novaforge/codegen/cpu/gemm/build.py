@@ -35,7 +35,7 @@ from pathlib import Path
 from .... import settings
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp", "nf_gemm_bf16.cpp")
+SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp", "nf_gemm_bf16.cpp", "nf_gemv.cpp")
 HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_bcast.h", "nf_gemm_internal.h")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
 ISA_FLAGS = {

@@ -669,6 +669,7 @@ void nf_sgemm_packed_batched(long batch, long M, long N, long K, const float* A,
 
 void nf_sgemm(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
               float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (nfi::gemv_kn(M, N, K, A, rs_a, cs_a, B, rs_b, cs_b, C, ldc, accumulate, ep, nthreads)) return;
     if (C && nfi::few_rows_rowmajor(M, N, K, A, rs_a, cs_a, B, rs_b, cs_b, C, ldc, accumulate, ep, nthreads)) return;
     run(make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, B, 0, rs_b, cs_b, C, 0, ldc, accumulate, ep), 1,
         nthreads);

@@ -21,6 +21,18 @@ bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long c
  * otherwise: the caller then runs the float32-conversion path. */
 bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
                  long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* Decode-sized float32 products (nf_gemv.cpp), M <= kGemvRows: C = A @ W^T with W [N, K] (ldw) and C =
+ * A @ B with B row-major (cs_b == 1), one contiguous stream of the weight per thread; false (nothing done)
+ * when the shape does not qualify or the path is off (nf_gemm_set_gemv). gemv_nt needs C; gemv_kn takes
+ * C == NULL with a tile_fn. */
+constexpr long kGemvRows = 4;
+bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
+             long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
+             float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* C[i, j] = act(C[i, j] + bias[j]) + res[i*ldr + j] for rows [r0, r1) x columns [c0, c1) (nf_gemm_nt.cpp) */
+void epilogue_pass(float* C, long ldc, long r0, long r1, long c0, long c1, const float* bias, int act,
+                   const float* res, long ldr);
 long l1d_bytes();  // L1 data cache, bytes
 long l2_bytes();   // L2 cache (per core), bytes
 

@@ -136,31 +136,7 @@ void stage_rows(const T* src, long rs, long cs, long r0, long rows, long k0, lon
     }
 }
 
-/* C[i, j] = act(C[i, j] + bias[j]) + res[i*ldr + j] for rows [r0, r1) x columns [c0, c1) */
-void epilogue_pass(float* C, long ldc, long r0, long r1, long c0, long c1, const float* bias, int act,
-                   const float* res, long ldr) {
-    if (!bias && !act && !res) return;
-    const long full = c0 + (c1 - c0) / W * W;
-    const nfs::vm tail = nfs::vmask_range(0, (int)(c1 - full));
-    for (long i = r0; i < r1; ++i) {
-        float* c = C + i * ldc;
-        const float* rr = res ? res + i * ldr : nullptr;
-        for (long j = c0; j < full; j += W) {
-            nfs::vf x = nfs::vload(c + j);
-            if (bias) x = nfs::vadd(x, nfs::vload(bias + j));
-            if (act) x = nfs::vact(x, act);
-            if (rr) x = nfs::vadd(x, nfs::vload(rr + j));
-            nfs::vstore(c + j, x);
-        }
-        if (full < c1) {
-            nfs::vf x = nfs::vload_mask(c + full, tail);
-            if (bias) x = nfs::vadd(x, nfs::vload_mask(bias + full, tail));
-            if (act) x = nfs::vact(x, act);
-            if (rr) x = nfs::vadd(x, nfs::vload_mask(rr + full, tail));
-            nfs::vstore_mask(c + full, tail, x);
-        }
-    }
-}
+using nfi::epilogue_pass;
 
 void nt_block(const NtProblem& P, long m0, long m1, long n0, long n1) {
     if (m0 >= m1 || n0 >= n1) return;
@@ -538,6 +514,31 @@ inline NtPath nt_path(long M, long K, long ldw, bool w_bf16) {
 }  // namespace
 
 namespace nfi {
+void epilogue_pass(float* C, long ldc, long r0, long r1, long c0, long c1, const float* bias, int act,
+                   const float* res, long ldr) {
+    if (!bias && !act && !res) return;
+    const long full = c0 + (c1 - c0) / W * W;
+    const nfs::vm tail = nfs::vmask_range(0, (int)(c1 - full));
+    for (long i = r0; i < r1; ++i) {
+        float* c = C + i * ldc;
+        const float* rr = res ? res + i * ldr : nullptr;
+        for (long j = c0; j < full; j += W) {
+            nfs::vf x = nfs::vload(c + j);
+            if (bias) x = nfs::vadd(x, nfs::vload(bias + j));
+            if (act) x = nfs::vact(x, act);
+            if (rr) x = nfs::vadd(x, nfs::vload(rr + j));
+            nfs::vstore(c + j, x);
+        }
+        if (full < c1) {
+            nfs::vf x = nfs::vload_mask(c + full, tail);
+            if (bias) x = nfs::vadd(x, nfs::vload_mask(bias + full, tail));
+            if (act) x = nfs::vact(x, act);
+            if (rr) x = nfs::vadd(x, nfs::vload_mask(rr + full, tail));
+            nfs::vstore_mask(c + full, tail, x);
+        }
+    }
+}
+
 bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b,
                        long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
     if (M < 1 || M > kRowsRowMajor || cs_b != 1 || N < 1) return false;
@@ -555,6 +556,7 @@ int nf_sgemm_nt_nr(void) { return DNR; }
 
 void nf_sgemm_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
                  long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (nfi::gemv_nt(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads)) return;
     const NtPath path = nt_path(M, K, ldw, false);
     if (path == NtPath::pack)
         nf_sgemm(M, N, K, A, rs_a, cs_a, Wt, 1, ldw, C, ldc, accumulate, ep, nthreads);
@@ -581,6 +583,9 @@ void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs
     if (a_bf16 && w_bf16 &&
         nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, 1, ldw, C, ldc, accumulate, ep,
                          nthreads))
+        return;
+    if (!a_bf16 && !w_bf16 &&
+        nfi::gemv_nt(M, N, K, (const float*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads))
         return;
     const NtPath path = nt_path(M, K, ldw, w_bf16 != 0);
     if (path == NtPath::pack)

@@ -68,6 +68,18 @@ def forced_bf16_path(name: str) -> Iterator[None]:
         library.nf_gemm_set_bf16_path(-1)
 
 
+@contextlib.contextmanager
+def gemv_path(on: bool) -> Iterator[None]:
+    """Turn the decode-sized streaming path (nf_gemv.cpp: float32, M <= 4) on or off inside the block;
+    process-wide, for tests and benchmarks (on by default)."""
+    library = lib()
+    before = library.nf_gemm_set_gemv(int(on))
+    try:
+        yield
+    finally:
+        library.nf_gemm_set_gemv(before)
+
+
 def panel_width() -> int:
     return lib().nf_sgemm_nr()
 

@@ -1,0 +1,290 @@
+/* nf_gemv.cpp — decode-sized float32 products (M <= kGemvRows rows of A) with B read in place, one
+ * contiguous stream of B per thread.
+ *
+ * A decode step reads every weight once and does 2 flops per weight element: its matmuls are bound
+ * by how fast the cores can stream the weights. Two cores reach the machine's read bandwidth only
+ * when each streams one contiguous region (the hardware prefetcher follows it; many short strided
+ * runs or dynamically scheduled interleaved tasks leave it 20-40% short, docs/cpu-gemm.md "Decode").
+ * So the work is split by where B's bytes are:
+ *
+ *   nt (B = W^T, W [N, K] row-major, an nn.Linear weight): thread t owns C's columns [n0, n1), which
+ *      are W's rows [n0, n1), contiguous. Groups of 4 rows of W over all of K, M x 4 vector
+ *      accumulators, one horizontal reduction per group.
+ *   kn (B [K, N] row-major, a Conv1D weight): thread t owns B's rows [k0, k1), contiguous, and sums
+ *      their products over all N columns into a per-thread partial (M x N floats, in L1/L2); after
+ *      one barrier thread t adds the partials up for its columns.
+ *
+ * Invariant: every element of B is read once, by one thread; every C element of [0, M) x [0, N) is
+ * written by exactly one thread in the final pass, in kChunk-column chunks: the sum (+ C_old when
+ * accumulating), then the epilogue pass (bias, activation, residual), then the tile callback on the
+ * chunk, as the other entries do. C may be NULL on the kn path only (the chunk then lives in a
+ * per-thread buffer the callback reads). The sums run in another order than the other paths' (the
+ * results differ from theirs in the last bits, as any two GEMM paths do).
+ */
+#include <omp.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "nf_gemm.h"
+#include "nf_gemm_internal.h"
+#include "nf_gemm_simd.h"
+
+using nfs::W;
+
+namespace {
+
+inline long cdiv(long a, long b) { return (a + b - 1) / b; }
+
+constexpr long kChunk = 64;              // columns per epilogue / tile-callback chunk
+constexpr double kMinThreadMacs = 1e5;   // below this per thread, fewer threads
+constexpr long kMaxPartialFloats = 1L << 18;  // kn: M x N partial sums per thread at most (1 MiB, in L2)
+
+std::atomic<int> g_gemv_on{1};  // nf_gemm_set_gemv (tests compare both paths)
+
+thread_local nfi::Scratch t_gemv_scratch;  // a: A staged contiguous, b: kn partial sums, c: a C chunk
+
+int team_size(long M, long N, long K, int nthreads) {
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (omp_in_parallel()) nt = 1;
+    const double macs = (double)M * N * std::max(K, 1L);
+    return (int)std::max(1L, std::min((long)nt, (long)(macs / kMinThreadMacs)));
+}
+
+/* [lo, hi) of `total` for part i of n, in units of `unit` (the last part takes the rest) */
+inline void part_range(long total, long unit, int i, int n, long* lo, long* hi) {
+    const long units = cdiv(total, unit);
+    *lo = std::min(total, units * i / n * unit);
+    *hi = std::min(total, units * (i + 1) / n * unit);
+}
+
+/* A's M rows as a contiguous M x K float32 block (A is small: M <= 4 rows) */
+const float* stage_a(const float* A, long M, long K, long rs_a, long cs_a, float* buf) {
+    if (cs_a == 1 && (M == 1 || rs_a == K)) return A;
+    for (long m = 0; m < M; ++m)
+        for (long k = 0; k < K; ++k) buf[m * K + k] = A[m * rs_a + k * cs_a];
+    return buf;
+}
+
+/* C[i, j] = act(C[i, j] + bias[j]) + res[i*ldr + j], then the tile callback, on rows [0, M) x [c0, c1) */
+void finish_chunk(float* C, long ldc, long M, long c0, long c1, long col0, const nf_epilogue* ep) {
+    if (!ep) return;
+    nfi::epilogue_pass(C, ldc, 0, M, 0, c1 - c0, ep->bias ? ep->bias + col0 : nullptr, ep->act,
+                       ep->residual ? ep->residual + col0 : nullptr, ep->ld_residual);
+    if (ep->tile_fn) ep->tile_fn(ep->tile_ctx, 0, C, ldc, 0, col0, M, c1 - c0);
+}
+
+/* ---------------- nt: W [N, K], C[m, j] = sum_k A[m, k] * W[j, k] ---------------- */
+
+/* C[m, j..j+R) (+= when add) for R <= 4 rows of W from j, all of K */
+template <int MR, int R>
+NF_INLINE void nt_group(const float* a, long K, const float* w, long ldw, float* c, long ldc, bool add) {
+    nfs::vf acc[MR][4];
+    for (int m = 0; m < MR; ++m)
+        for (int r = 0; r < 4; ++r) acc[m][r] = nfs::vzero();
+    long k = 0;
+    for (; k + W <= K; k += W) {
+        nfs::vf x[MR];
+        for (int m = 0; m < MR; ++m) x[m] = nfs::vload(a + m * K + k);
+        for (int r = 0; r < R; ++r) {
+            const nfs::vf wv = nfs::vload(w + r * ldw + k);
+            for (int m = 0; m < MR; ++m) acc[m][r] = nfs::vfma(x[m], wv, acc[m][r]);
+        }
+    }
+    if (k < K) {
+        const nfs::vm tail = nfs::vmask_range(0, (int)(K - k));
+        nfs::vf x[MR];
+        for (int m = 0; m < MR; ++m) x[m] = nfs::vload_mask(a + m * K + k, tail);
+        for (int r = 0; r < R; ++r) {
+            const nfs::vf wv = nfs::vload_mask(w + r * ldw + k, tail);
+            for (int m = 0; m < MR; ++m) acc[m][r] = nfs::vfma(x[m], wv, acc[m][r]);
+        }
+    }
+    for (int m = 0; m < MR; ++m) {
+        if (R == 4) {
+            nfs::vhsum4_store(acc[m][0], acc[m][1], acc[m][2], acc[m][3], c + m * ldc, add);
+        } else {
+            for (int r = 0; r < R; ++r) c[m * ldc + r] = nfs::vhsum(acc[m][r]) + (add ? c[m * ldc + r] : 0.0f);
+        }
+    }
+}
+
+template <int MR>
+void nt_columns(const float* a, long K, const float* Wt, long ldw, float* C, long ldc, bool add, long n0, long n1,
+                const nf_epilogue* ep) {
+    for (long jc = n0; jc < n1; jc += kChunk) {
+        const long jce = std::min(n1, jc + kChunk);
+        long j = jc;
+        for (; j + 4 <= jce; j += 4) nt_group<MR, 4>(a, K, Wt + j * ldw, ldw, C + j, ldc, add);
+        switch (jce - j) {
+            case 3: nt_group<MR, 3>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            case 2: nt_group<MR, 2>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            case 1: nt_group<MR, 1>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            default: break;
+        }
+        finish_chunk(C + jc, ldc, MR, jc, jce, jc, ep);
+    }
+}
+
+void nt_range(long M, const float* a, long K, const float* Wt, long ldw, float* C, long ldc, bool add, long n0,
+              long n1, const nf_epilogue* ep) {
+    switch (M) {
+        case 1: nt_columns<1>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 2: nt_columns<2>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 3: nt_columns<3>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        default: nt_columns<4>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+    }
+}
+
+/* ---------------- kn: B [K, N], partial[m, j] = sum_{k in [k0, k1)} A[m, k] * B[k, j] ---------------- */
+
+template <int MR>
+void kn_partial(const float* a, long K, const float* B, long rs_b, long N, long k0, long k1, float* part) {
+    memset(part, 0, (size_t)(MR * N) * sizeof(float));
+    const long full = N / W * W;
+    const nfs::vm tail = nfs::vmask_range(0, (int)(N - full));
+    long k = k0;
+    for (; k + 4 <= k1; k += 4) {
+        const float* b0 = B + k * rs_b;
+        const float *b1 = b0 + rs_b, *b2 = b1 + rs_b, *b3 = b2 + rs_b;
+        nfs::vf x[MR][4];
+        for (int m = 0; m < MR; ++m)
+            for (int q = 0; q < 4; ++q) x[m][q] = nfs::vset1(a[m * K + k + q]);
+        for (long j = 0; j < full; j += W) {
+            const nfs::vf v0 = nfs::vload(b0 + j), v1 = nfs::vload(b1 + j), v2 = nfs::vload(b2 + j),
+                          v3 = nfs::vload(b3 + j);
+            for (int m = 0; m < MR; ++m) {
+                float* p = part + m * N + j;
+                nfs::vf s = nfs::vfma(x[m][0], v0, nfs::vload(p));
+                s = nfs::vfma(x[m][1], v1, s);
+                s = nfs::vfma(x[m][2], v2, s);
+                nfs::vstore(p, nfs::vfma(x[m][3], v3, s));
+            }
+        }
+        if (full < N) {
+            const nfs::vf v0 = nfs::vload_mask(b0 + full, tail), v1 = nfs::vload_mask(b1 + full, tail),
+                          v2 = nfs::vload_mask(b2 + full, tail), v3 = nfs::vload_mask(b3 + full, tail);
+            for (int m = 0; m < MR; ++m) {
+                float* p = part + m * N + full;
+                nfs::vf s = nfs::vfma(x[m][0], v0, nfs::vload_mask(p, tail));
+                s = nfs::vfma(x[m][1], v1, s);
+                s = nfs::vfma(x[m][2], v2, s);
+                nfs::vstore_mask(p, tail, nfs::vfma(x[m][3], v3, s));
+            }
+        }
+    }
+    for (; k < k1; ++k) {
+        const float* b0 = B + k * rs_b;
+        for (int m = 0; m < MR; ++m) {
+            const nfs::vf x0 = nfs::vset1(a[m * K + k]);
+            float* p = part + m * N;
+            for (long j = 0; j < full; j += W) nfs::vstore(p + j, nfs::vfma(x0, nfs::vload(b0 + j), nfs::vload(p + j)));
+            if (full < N)
+                nfs::vstore_mask(p + full, tail,
+                                 nfs::vfma(x0, nfs::vload_mask(b0 + full, tail), nfs::vload_mask(p + full, tail)));
+        }
+    }
+}
+
+void kn_partial_rows(long M, const float* a, long K, const float* B, long rs_b, long N, long k0, long k1, float* part) {
+    switch (M) {
+        case 1: kn_partial<1>(a, K, B, rs_b, N, k0, k1, part); break;
+        case 2: kn_partial<2>(a, K, B, rs_b, N, k0, k1, part); break;
+        case 3: kn_partial<3>(a, K, B, rs_b, N, k0, k1, part); break;
+        default: kn_partial<4>(a, K, B, rs_b, N, k0, k1, part); break;
+    }
+}
+
+/* C's columns [c0, c1) = sum of the nparts partials (+ C_old), then the epilogue, in chunks */
+void kn_reduce(long M, long N, float* const* parts, int nparts, float* C, long ldc, bool add, long c0, long c1,
+               const nf_epilogue* ep) {
+    nfi::Scratch& ws = t_gemv_scratch;
+    float* local = C ? nullptr : nfi::Scratch::grow(ws.c, ws.c_cap, M * kChunk + 16);
+    for (long jc = c0; jc < c1; jc += kChunk) {
+        const long jce = std::min(c1, jc + kChunk), len = jce - jc, full = len / W * W;
+        const nfs::vm tail = nfs::vmask_range(0, (int)(len - full));
+        float* dst = C ? C + jc : local;
+        const long ld = C ? ldc : kChunk;
+        for (long m = 0; m < M; ++m) {
+            float* d = dst + m * ld;
+            for (long j = 0; j < len; j += W) {
+                const bool whole = j < full;
+                const long at = m * N + jc + j;
+                nfs::vf s = whole ? nfs::vload(parts[0] + at) : nfs::vload_mask(parts[0] + at, tail);
+                for (int p = 1; p < nparts; ++p)
+                    s = nfs::vadd(s, whole ? nfs::vload(parts[p] + at) : nfs::vload_mask(parts[p] + at, tail));
+                if (add) s = nfs::vadd(s, whole ? nfs::vload(d + j) : nfs::vload_mask(d + j, tail));
+                if (whole) nfs::vstore(d + j, s);
+                else nfs::vstore_mask(d + j, tail, s);
+            }
+        }
+        finish_chunk(dst, ld, M, jc, jce, jc, ep);
+    }
+}
+
+}  // namespace
+
+namespace nfi {
+
+bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
+             long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRows || N < 1 || K < 1 || !C) return false;
+    const int nt = team_size(M, N, K, nthreads);
+    auto run = [&](int t, int n) {
+        nfi::Scratch& ws = t_gemv_scratch;
+        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
+        long n0, n1;
+        part_range(N, W, t, n, &n0, &n1);
+        if (n0 < n1) nt_range(M, a, K, Wt, ldw, C, ldc, accumulate != 0, n0, n1, ep);
+    };
+    if (nt <= 1) {
+        run(0, 1);
+        return true;
+    }
+#pragma omp parallel num_threads(nt)
+    run(omp_get_thread_num(), omp_get_num_threads());
+    return true;
+}
+
+bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
+             float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRows || N < 1 || K < 1 || cs_b != 1 ||
+        M * N > kMaxPartialFloats || (!C && accumulate))
+        return false;
+    const int want = team_size(M, N, K, nthreads);
+    float* parts[64];
+    const int nt = std::min(want, 64);
+    auto partial = [&](int t, int n) {
+        nfi::Scratch& ws = t_gemv_scratch;
+        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
+        float* part = nfi::Scratch::grow(ws.b, ws.b_cap, M * N + 16);
+        parts[t] = part;
+        long k0, k1;
+        part_range(K, 4, t, n, &k0, &k1);
+        kn_partial_rows(M, a, K, B, rs_b, N, k0, k1, part);
+    };
+    if (nt <= 1) {
+        partial(0, 1);
+        kn_reduce(M, N, parts, 1, C, ldc, accumulate != 0, 0, N, ep);
+        return true;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        partial(t, n);
+#pragma omp barrier
+        long c0, c1;
+        part_range(N, W, t, n, &c0, &c1);
+        if (c0 < c1) kn_reduce(M, N, parts, n, C, ldc, accumulate != 0, c0, c1, ep);
+    }
+    return true;
+}
+
+}  // namespace nfi
+
+extern "C" {
+
+int nf_gemm_set_gemv(int on) { return g_gemv_on.exchange(on ? 1 : 0); }
+
+}  // extern "C"
