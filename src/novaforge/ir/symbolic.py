@@ -526,6 +526,7 @@ def graph_symbols(graph: Any) -> list[sympy.Symbol]:
     that comes in as an integer argument (`x[:, -n:]` with n a SymInt) shapes only values inside
     the graph, or sits in a node's attributes (`arange(n, n + 8)`), kernel bodies included."""
     used: set[int] = set()
+    seen_kernels: set[str] = set()  # structural keys: one body structure, one set of symbols
 
     def visit(x: Any) -> None:
         if isinstance(x, Sym):
@@ -537,7 +538,10 @@ def graph_symbols(graph: Any) -> list[sympy.Symbol]:
             for e in x.values():
                 visit(e)
         elif hasattr(x, "body") and hasattr(x.body, "nodes"):  # a fused kernel
-            visit_graph(x.body)
+            key = getattr(x, "structural_key", "")
+            if not key or key not in seen_kernels:
+                seen_kernels.add(key)
+                visit_graph(x.body)
 
     def visit_graph(g: Any) -> None:
         for gi in g.inputs:

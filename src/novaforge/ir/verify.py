@@ -17,7 +17,11 @@ class VerifyError(Exception):
     pass
 
 
-def verify(graph: Graph, where: str = "") -> None:
+def verify(graph: Graph, where: str = "", _verified: set[str] | None = None) -> None:
+    """Raise VerifyError naming the first violation. A kernel body is verified once per call for each
+    structural key (kernels with one key have one body structure: an 80-layer model's kernels are
+    a few dozen distinct bodies)."""
+    verified = set() if _verified is None else _verified
     ctx = f" (after {where})" if where else ""
     defined: set = set()
     for gi in graph.inputs:
@@ -53,7 +57,10 @@ def verify(graph: Graph, where: str = "") -> None:
                 raise VerifyError(f"node {i} {n.op}: value {o!r} assigned twice (SSA){ctx}")
             defined.add(o)
         if n.op == "kernel":
-            verify(n.attrs["kernel"].body, f"{where} / kernel {n.attrs['kernel'].name}")
+            k = n.attrs["kernel"]
+            if k.structural_key not in verified:
+                verify(k.body, f"{where} / kernel {k.name}", verified)
+                verified.add(k.structural_key)
     for v in graph.outputs:
         if v not in defined:
             raise VerifyError(f"output {v!r} is not defined{ctx}")

@@ -25,7 +25,7 @@ data whose `key()` enters cache keys.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 
 from .. import settings
 from ..ir.symbolic import Sym, hint
@@ -75,7 +75,8 @@ class CpuSchedule:
     kv_tile: int = 0
 
     def key(self) -> str:
-        return "sched(" + ",".join(f"{f.name}={v}" for f, v in zip(fields(self), astuple(self), strict=True)) + ")"
+        # (fields are scalars: getattr, not astuple's recursive deep copy, ~30 us a call)
+        return "sched(" + ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)) + ")"
 
 
 def estimate_ns(shape: KernelShape, target: CpuTarget) -> float:
