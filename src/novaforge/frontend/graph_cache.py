@@ -171,7 +171,7 @@ def _module_parts(mod: torch.nn.Module) -> list[str]:
             ident = (t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t), t.storage_offset(),
                      tuple(t.shape), tuple(t.stride()))
             tied = first.setdefault(ident, n)
-            # an inference tensor is never frozen (runtime/state.py `freezable`): its graph differs
+            # an inference tensor is never frozen (frontend/module_state.py `freezable`): its graph differs
             inference = " inference" if t.is_inference() else ""
             parts.append(f"{kind} {n} {list(t.shape)} {t.dtype} {t.device} {t.requires_grad} tied={tied}{inference}")
     return parts
