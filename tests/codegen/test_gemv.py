@@ -1,8 +1,9 @@
-"""The decode-sized streaming path of nf_gemm (nf_gemv.cpp: float32, M <= 4 rows of A, B read in place
-with one contiguous stream per thread) against float64 torch, and against the library's other path
-(`ops.gemv_path(False)`), on both weight layouts: W [N, K] (nn.Linear, `linear`) and B [K, N] row-major
-(Conv1D, `matmul`), with every epilogue, strided A, accumulation, one or two threads, the tile callback
-with and without C, and the portable and AVX2 builds."""
+"""The decode-sized streaming path of nf_gemm (nf_gemv.cpp: float32, M <= 4 rows of A, 8 with row-major
+B on AVX-512 builds; B read in place with one contiguous stream per thread) against float64 torch, and
+against the library's other path (`ops.gemv_path(False)`), on both weight layouts: W [N, K]
+(nn.Linear, `linear`) and B [K, N] row-major (Conv1D, `matmul`), with every epilogue, strided A,
+accumulation, one or two threads, the tile callback with and without C, and the portable and AVX2
+builds."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_bound_can_fail():
 
 
 @pytest.mark.parametrize("layout", ["nt", "kn"])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 8, 9])
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_streaming_path_matches_torch_and_the_other_path(layout, m, k, n):
     a, b, bias, res = _operands(m, k, n, layout, m * 1000 + k + n)
@@ -70,12 +71,13 @@ def test_streaming_path_matches_torch_and_the_other_path(layout, m, k, n):
 
 @pytest.mark.parametrize("layout", ["nt", "kn"])
 @pytest.mark.parametrize("with_c", [True, False])
-def test_tile_callback_sees_every_column_once(layout, with_c):
+@pytest.mark.parametrize("M", [3, 7])
+def test_tile_callback_sees_every_column_once(layout, with_c, M):
     """The callback gets each C chunk once, after the bias and activation; on the kn path C may be NULL
     (the chunk lives in a per-thread buffer). The nt path needs C (nf_sgemm_nt's contract)."""
     if layout == "nt" and not with_c:
         pytest.skip("the nt entries always have C")
-    M, K, N = 3, 300, 150
+    K, N = 300, 150
     a, b, bias, _ = _operands(M, K, N, layout, 7)
     a = a.contiguous()
     got = torch.full((M, N), float("nan"), dtype=torch.float64)
@@ -111,7 +113,7 @@ def test_other_builds(isa):
     """The same path on the portable build (GCC vector extensions, 4 lanes) and the AVX2 one."""
     lib = build.load(isa, ())
     with ops.using(lib):
-        for m, k, n in [(1, 5, 3), (4, 300, 70), (2, 1700, 37), (3, 33, 129)]:
+        for m, k, n in [(1, 5, 3), (4, 300, 70), (2, 1700, 37), (3, 33, 129), (7, 65, 40)]:
             for layout in ("nt", "kn"):
                 a, b, bias, res = _operands(m, k, n, layout, k + n)
                 _close(_product(layout, a, b, nthreads=2), a, b)

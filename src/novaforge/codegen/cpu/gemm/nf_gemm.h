@@ -163,9 +163,9 @@ void nf_gemm_pack_b_vnni(long K, long N, const uint16_t* B, long stride_k, long 
 void nf_gemm_bf16_vnni_packed(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* Bp,
                               float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
 
-/* Decode-sized products (nf_gemv.cpp): float32 A with at most 4 rows and float32 B read in place take
- * the streaming path (one contiguous stream of B per thread) in nf_sgemm_nt, nf_gemm_nt_mixed (both
- * float32) and nf_sgemm (row-major B). 0 turns it off (tests compare both paths); returns the setting
+/* Decode-sized products (nf_gemv.cpp): float32 A with at most 4 rows (nf_sgemm with row-major B: 8 on
+ * AVX-512 builds) and float32 B read in place take the streaming path (one contiguous stream of B per
+ * thread) in nf_sgemm_nt, nf_gemm_nt_mixed (both float32) and nf_sgemm (row-major B). 0 turns it off (tests compare both paths); returns the setting
  * it replaced. */
 int nf_gemm_set_gemv(int on);
 

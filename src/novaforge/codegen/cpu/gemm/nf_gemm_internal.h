@@ -21,11 +21,10 @@ bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long c
  * otherwise: the caller then runs the float32-conversion path. */
 bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
                  long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
-/* Decode-sized float32 products (nf_gemv.cpp), M <= kGemvRows: C = A @ W^T with W [N, K] (ldw) and C =
+/* Decode-sized float32 products (nf_gemv.cpp), M <= 4 (row-major B: 8 on AVX-512 builds): C = A @ W^T with W [N, K] (ldw) and C =
  * A @ B with B row-major (cs_b == 1), one contiguous stream of the weight per thread; false (nothing done)
  * when the shape does not qualify or the path is off (nf_gemm_set_gemv). gemv_nt needs C; gemv_kn takes
  * C == NULL with a tile_fn. */
-constexpr long kGemvRows = 4;
 bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
              long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,

@@ -70,8 +70,8 @@ def forced_bf16_path(name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def gemv_path(on: bool) -> Iterator[None]:
-    """Turn the decode-sized streaming path (nf_gemv.cpp: float32, M <= 4) on or off inside the block;
-    process-wide, for tests and benchmarks (on by default)."""
+    """Turn the decode-sized streaming path (nf_gemv.cpp: float32, M <= 4; row-major B M <= 8 on
+    AVX-512) on or off inside the block; process-wide, for tests and benchmarks (on by default)."""
     library = lib()
     before = library.nf_gemm_set_gemv(int(on))
     try:
