@@ -327,6 +327,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nf_sgemm_batched": (None, [_L, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _L, _L, _I, _EP, _I]),
     "nf_gemm_bf16_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),
     "nf_gemm_mixed": (None, [_L, _L, _L, _P, _I, _L, _L, _P, _I, _L, _L, _P, _L, _I, _EP, _I]),
+    "nf_gemm_i8w": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _L, _I, _EP, _I]),
     "nf_sgemm_nt_mr": (_I, []),
     "nf_sgemm_nt_nr": (_I, []),
     "nf_sgemm_nt": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _P, _L, _I, _EP, _I]),

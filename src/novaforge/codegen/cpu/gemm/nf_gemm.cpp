@@ -93,8 +93,8 @@ struct Problem {
     long bs_a, rs_a, cs_a;
     const float* Bp;  // packed B (panel stride K*NR), or nullptr: use B
     long bs_bp;
-    const float* B;  // (uint16_t bf16 when b_bf16)
-    bool b_bf16;
+    const float* B;  // (uint16_t bf16 when b_bf16, int8_t when b_i8)
+    bool b_bf16, b_i8;
     long bs_b, rs_b, cs_b;
     float* C;
     long bs_c, ldc;
@@ -177,6 +177,13 @@ void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* ds
 #define NF_PACK_PF 8
 #endif
 
+/* W elements of a float32 or int8 source as floats (bf16 sources never take the staged transposes) */
+template <typename T>
+NF_INLINE nfs::vf stage_load(const T* p) {
+    if constexpr (sizeof(T) == 2) return nfs::vzero();
+    else return nfs::vload_as_f32(p);
+}
+
 /* dst[(p-p0)*pstride + k*NR + j] = B(k0+k, p*NR+j), zero past column N. */
 template <typename T>
 void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long p0, long p1, float* dst,
@@ -200,7 +207,7 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
         float* d = dst + (p - p0) * pstride;
         const long c0 = p * NR;
         const int w = (int)std::min((long)NR, N - c0);
-        if (cs == 1 || w < NR || sizeof(T) == 2) {
+        if (cs == 1 || w < NR || sizeof(T) == 2) {  // (int8 B: cs == 1 here, or the transposes below)
             for (long k = 0; k < kc; ++k) {
                 const T* src = B + (k0 + k) * rs + c0 * cs;
                 float* dk = d + k * NR;
@@ -222,10 +229,10 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
             for (int g = 0; g < nfk::NV; ++g)
                 for (long ks = 0; ks < kv; ks += kStageK) {
                     const long kn = std::min(kStageK, kv - ks);
-                    const float* src = (const float*)B + k0 + ks + (c0 + g * nfs::W) * cs;
+                    const T* src = B + k0 + ks + (c0 + g * nfs::W) * cs;
                     for (int l = 0; l < nfs::W; ++l)
                         for (long k = 0; k < kn; k += nfs::W)
-                            nfs::vstore(stage + l * kStageLd + k, nfs::vload(src + l * cs + k));
+                            nfs::vstore(stage + l * kStageLd + k, stage_load(src + l * cs + k));
                     for (long k = 0; k < kn; k += nfs::W) {
                         nfs::vf r[nfs::W];
                         for (int l = 0; l < nfs::W; ++l) r[l] = nfs::vload(stage + l * kStageLd + k);
@@ -318,7 +325,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
     // A is packed (once per row block, for all K) when it is strided or bf16, or, with packed B, when many
     // panels reuse it. With unpacked B there is one row block when A is read in place (its tiles stream
     // from L2/L3), so that each block of B is packed once per call.
-    const bool b_in_place = kBInPlaceCpu && m1 - m0 <= NF_GEMM_B_IN_PLACE_MAX_ROWS && !P.Bp && !P.b_bf16 &&
+    const bool b_in_place = kBInPlaceCpu && m1 - m0 <= NF_GEMM_B_IN_PLACE_MAX_ROWS && !P.Bp && !P.b_bf16 && !P.b_i8 &&
                             P.cs_b == 1 && !rows_alias_in_l1(P.rs_b * 4);
     const bool pack_a = P.a_bf16 || P.cs_a != 1 || ((P.Bp || NF_GEMM_UNPACKED_PACK_A) && p1 - p0 >= kPackAMinPanels);
     const long mc_max = row_block_max(m1 - m0, K, pack_a, P.Bp != nullptr);
@@ -384,6 +391,9 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                         if (P.b_bf16)
                             pack_b_panels((const uint16_t*)P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje,
                                           bbuf, kc * NR);
+                        else if (P.b_i8)
+                            pack_b_panels((const int8_t*)P.B + bi * P.bs_b, P.rs_b, P.cs_b, P.N, k0, kc, pj, pje,
+                                          bbuf, kc * NR);
                         else if (b_in_place && pje * NR <= P.N)
                             in_place = true;
                         else
@@ -401,7 +411,7 @@ void gemm_block(const Problem& P, long bi, long m0, long m1, long n0, long n1) {
                 if (pack_a && mcb <= kPrefetchB && !P.Bp && (kb + 1 < nk || pj + ncp < p1)) {
                     const long pjn = kb + 1 < nk ? pj : pj + ncp, k0n = kb + 1 < nk ? k0 + kcb : 0;
                     const long kcn = std::min(kcb, K - k0n), c0 = pjn * NR, c1 = std::min(P.N, std::min(p1, pjn + ncp) * NR);
-                    const long es = P.b_bf16 ? 2 : 4;
+                    const long es = P.b_bf16 ? 2 : P.b_i8 ? 1 : 4;
                     const char* src = (const char*)P.B + bi * P.bs_b * es;
                     if (P.cs_b == 1)
                         pf.set(src + (k0n * P.rs_b + c0) * es, P.rs_b * es, kcn, (c1 - c0) * es);
@@ -550,9 +560,11 @@ void run(const Problem& P0, long batch, int nthreads) {
         float* buf = Scratch::grow(t_call_b.b, t_call_b.b_cap, nf_sgemm_packed_size(P.K, P.N) + 16);
         if (P.b_bf16)
             pack_b_all(P.K, P.N, (const uint16_t*)P.B, P.rs_b, P.cs_b, buf, nt);
+        else if (P.b_i8)
+            pack_b_all(P.K, P.N, (const int8_t*)P.B, P.rs_b, P.cs_b, buf, nt);
         else
             pack_b_all(P.K, P.N, P.B, P.rs_b, P.cs_b, buf, nt);
-        P.Bp = buf, P.bs_bp = 0, P.B = nullptr, P.b_bf16 = false;
+        P.Bp = buf, P.bs_bp = 0, P.B = nullptr, P.b_bf16 = P.b_i8 = false;
         g = choose_grid(batch, P.M, P.N, P.K, nt, false, a_packed);
     }
     struct Release {
@@ -584,7 +596,7 @@ Problem make_problem(long M, long N, long K, const void* A, bool a_bf16, long bs
     P.M = M, P.N = N, P.K = K;
     P.A = A, P.a_bf16 = a_bf16, P.bs_a = bs_a, P.rs_a = rs_a, P.cs_a = cs_a;
     P.Bp = Bp, P.bs_bp = bs_bp;
-    P.B = B, P.bs_b = bs_b, P.rs_b = rs_b, P.cs_b = cs_b, P.b_bf16 = false;
+    P.B = B, P.bs_b = bs_b, P.rs_b = rs_b, P.cs_b = cs_b, P.b_bf16 = P.b_i8 = false;
     P.C = C, P.bs_c = bs_c, P.ldc = ldc;
     P.accumulate = accumulate != 0;
     P.ep = ep;
@@ -711,6 +723,15 @@ void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, l
     const nf_epilogue* ep = bias.get(ep0, N);
     run(make_problem(M, N, K, A, true, 0, rs_a, cs_a, Bp, 0, nullptr, 0, 0, 0, C, 0, ldc, accumulate, ep), 1,
         nthreads);
+}
+
+void nf_gemm_i8w(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,
+                 float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (rs_b == 1 && C && nfi::gemv_nt_i8(M, N, K, A, rs_a, cs_a, B, cs_b, C, ldc, accumulate, ep, nthreads)) return;
+    Problem P = make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0, ldc,
+                             accumulate, ep);
+    P.b_i8 = true;
+    run(P, 1, nthreads);
 }
 
 }  // extern "C"

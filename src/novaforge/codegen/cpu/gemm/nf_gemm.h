@@ -116,6 +116,14 @@ void nf_sgemm_batched(long batch, long M, long N, long K, const float* A, long b
 void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a, long cs_a, const void* B, int b_bf16,
                    long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
 
+/* ---- float32 A times an int8 B (weight-only quantization): C = A @ float(B), B(k, n) = B[k*rs_b + n*cs_b] ----
+ * The weight stays int8 in memory and is converted in registers: with rs_b == 1 (an int8 nn.Linear weight
+ * [N, K] seen as W^T, ldw = cs_b) and M <= 8 one contiguous stream of W per thread (nf_gemv.cpp); otherwise
+ * B is converted while it is packed, block by block, and the float32 micro-kernel runs. Per-channel scales
+ * are not applied here: they are the caller's epilogue (a tile_fn). C == NULL with a tile_fn as nf_sgemm. */
+void nf_gemm_i8w(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,
+                 float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+
 /* ---- GEMM with B = W^T, W row-major [N, K] (an nn.Linear weight), no packed copy of W ----
  * C = A @ W^T with W(j, k) = W[j*ldw + k]. With few rows (M < 96: decode) a dot-product micro-kernel
  * (nf_sgemm_nt_mr() rows of A x nf_sgemm_nt_nr() rows of W) reads both operands along K in place; its

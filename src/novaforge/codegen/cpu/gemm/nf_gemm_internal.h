@@ -29,6 +29,9 @@ bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const
              long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
              float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* The same nt product with an int8 W (weight-only quantization; the scales are the caller's epilogue), M <= 8 */
+bool gemv_nt_i8(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* Wt, long ldw, float* C,
+                long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 /* C[i, j] = act(C[i, j] + bias[j]) + res[i*ldr + j] for rows [r0, r1) x columns [c0, c1) (nf_gemm_nt.cpp) */
 void epilogue_pass(float* C, long ldc, long r0, long r1, long c0, long c1, const float* bias, int act,
                    const float* res, long ldr);

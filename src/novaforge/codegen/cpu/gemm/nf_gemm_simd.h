@@ -31,6 +31,10 @@ NF_INLINE vm vmask_range(int lo, int hi) {  // lanes lo <= l < hi
     return (vm)bits;
 }
 NF_INLINE vf vload_mask(const float* p, vm m) { return _mm512_maskz_loadu_ps(m, p); }
+/* W int8 values from p, as floats (an int8 weight dequantized in registers) */
+NF_INLINE vf vload_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
 NF_INLINE void vstore_mask(float* p, vm m, vf v) { _mm512_mask_storeu_ps(p, m, v); }
 NF_INLINE vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 NF_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -119,6 +123,9 @@ NF_INLINE vm vmask_range(int lo, int hi) {
     return _mm256_and_si256(ge_lo, lt_hi);
 }
 NF_INLINE vf vload_mask(const float* p, vm m) { return _mm256_maskload_ps(p, m); }
+NF_INLINE vf vload_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
 NF_INLINE void vstore_mask(float* p, vm m, vf v) { _mm256_maskstore_ps(p, m, v); }
 NF_INLINE vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 NF_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -211,6 +218,7 @@ NF_INLINE vf vload_mask(const float* p, vm m) {
 NF_INLINE void vstore_mask(float* p, vm m, vf v) {
     for (int l = 0; l < W; ++l) if (m[l]) p[l] = v[l];
 }
+NF_INLINE vf vload_i8(const int8_t* p) { return vf{(float)p[0], (float)p[1], (float)p[2], (float)p[3]}; }
 NF_INLINE vf vfma(vf a, vf b, vf c) { return a * b + c; }
 NF_INLINE vf vadd(vf a, vf b) { return a + b; }
 NF_INLINE vf vsub(vf a, vf b) { return a - b; }
@@ -333,4 +341,17 @@ NF_INLINE vf vact(vf x, int act) {
 }
 
 }  // namespace nfs
+
+namespace nfs {
+/* W elements of a float32 or int8 operand as floats; the _tail forms read n < W elements (the rest 0) */
+NF_INLINE vf vload_as_f32(const float* p) { return vload(p); }
+NF_INLINE vf vload_as_f32(const int8_t* p) { return vload_i8(p); }
+NF_INLINE vf vload_as_f32_tail(const float* p, int n) { return vload_mask(p, vmask_range(0, n)); }
+NF_INLINE vf vload_as_f32_tail(const int8_t* p, int n) {
+    int8_t t[16] = {0};
+    memcpy(t, p, (size_t)n);
+    return vload_i8(t);
+}
+}  // namespace nfs
+
 #endif /* NF_GEMM_SIMD_H */

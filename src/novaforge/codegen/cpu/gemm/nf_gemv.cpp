@@ -39,7 +39,8 @@ namespace {
 
 inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 
-constexpr long kGemvRows = 4;  // nt
+constexpr long kGemvRows = 4;  // nt, float32 W
+constexpr long kGemvRowsI8 = 8;  // nt, int8 W: rows 5-8 in a second pass over W's rows while they are in L1
 #if NF_ISA == 2
 constexpr long kGemvRowsKn = 8;
 #else
@@ -85,9 +86,9 @@ void finish_chunk(float* C, long ldc, long M, long c0, long c1, long col0, const
 
 /* ---------------- nt: W [N, K], C[m, j] = sum_k A[m, k] * W[j, k] ---------------- */
 
-/* C[m, j..j+R) (+= when add) for R <= 4 rows of W from j, all of K */
-template <int MR, int R>
-NF_INLINE void nt_group(const float* a, long K, const float* w, long ldw, float* c, long ldc, bool add) {
+/* C[m, j..j+R) (+= when add) for R <= 4 rows of W (float32 or int8) from j, all of K */
+template <int MR, int R, typename T>
+NF_INLINE void nt_group(const float* a, long K, const T* w, long ldw, float* c, long ldc, bool add) {
     nfs::vf acc[MR][R];
     for (int m = 0; m < MR; ++m)
         for (int r = 0; r < R; ++r) acc[m][r] = nfs::vzero();
@@ -96,7 +97,7 @@ NF_INLINE void nt_group(const float* a, long K, const float* w, long ldw, float*
         nfs::vf x[MR];
         for (int m = 0; m < MR; ++m) x[m] = nfs::vload(a + m * K + k);
         for (int r = 0; r < R; ++r) {
-            const nfs::vf wv = nfs::vload(w + r * ldw + k);
+            const nfs::vf wv = nfs::vload_as_f32(w + r * ldw + k);
             for (int m = 0; m < MR; ++m) acc[m][r] = nfs::vfma(x[m], wv, acc[m][r]);
         }
     }
@@ -105,7 +106,7 @@ NF_INLINE void nt_group(const float* a, long K, const float* w, long ldw, float*
         nfs::vf x[MR];
         for (int m = 0; m < MR; ++m) x[m] = nfs::vload_mask(a + m * K + k, tail);
         for (int r = 0; r < R; ++r) {
-            const nfs::vf wv = nfs::vload_mask(w + r * ldw + k, tail);
+            const nfs::vf wv = nfs::vload_as_f32_tail(w + r * ldw + k, (int)(K - k));
             for (int m = 0; m < MR; ++m) acc[m][r] = nfs::vfma(x[m], wv, acc[m][r]);
         }
     }
@@ -118,31 +119,63 @@ NF_INLINE void nt_group(const float* a, long K, const float* w, long ldw, float*
     }
 }
 
-template <int MR>
-void nt_columns(const float* a, long K, const float* Wt, long ldw, float* C, long ldc, bool add, long n0, long n1,
+/* rows [0, MR) of A, then (MR2 > 0) rows [MR, MR + MR2) against the same rows of W, still in L1 */
+template <int MR, int MR2, int R, typename T>
+NF_INLINE void nt_group_rows(const float* a, long K, const T* w, long ldw, float* c, long ldc, bool add) {
+    nt_group<MR, R>(a, K, w, ldw, c, ldc, add);
+    if constexpr (MR2 > 0) nt_group<MR2, R>(a + MR * K, K, w, ldw, c + MR * ldc, ldc, add);
+}
+
+template <int MR, int MR2, typename T>
+void nt_columns(const float* a, long K, const T* Wt, long ldw, float* C, long ldc, bool add, long n0, long n1,
                 const nf_epilogue* ep) {
     for (long jc = n0; jc < n1; jc += kChunk) {
         const long jce = std::min(n1, jc + kChunk);
         long j = jc;
-        for (; j + 4 <= jce; j += 4) nt_group<MR, 4>(a, K, Wt + j * ldw, ldw, C + j, ldc, add);
+        for (; j + 4 <= jce; j += 4) nt_group_rows<MR, MR2, 4>(a, K, Wt + j * ldw, ldw, C + j, ldc, add);
         switch (jce - j) {
-            case 3: nt_group<MR, 3>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
-            case 2: nt_group<MR, 2>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
-            case 1: nt_group<MR, 1>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            case 3: nt_group_rows<MR, MR2, 3>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            case 2: nt_group_rows<MR, MR2, 2>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
+            case 1: nt_group_rows<MR, MR2, 1>(a, K, Wt + j * ldw, ldw, C + j, ldc, add); break;
             default: break;
         }
-        finish_chunk(C + jc, ldc, MR, jc, jce, jc, ep);
+        finish_chunk(C + jc, ldc, MR + MR2, jc, jce, jc, ep);
     }
 }
 
-void nt_range(long M, const float* a, long K, const float* Wt, long ldw, float* C, long ldc, bool add, long n0,
+template <typename T>
+void nt_range(long M, const float* a, long K, const T* Wt, long ldw, float* C, long ldc, bool add, long n0,
               long n1, const nf_epilogue* ep) {
     switch (M) {
-        case 1: nt_columns<1>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
-        case 2: nt_columns<2>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
-        case 3: nt_columns<3>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
-        default: nt_columns<4>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 1: nt_columns<1, 0>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 2: nt_columns<2, 0>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 3: nt_columns<3, 0>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 4: nt_columns<4, 0>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 5: nt_columns<4, 1>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 6: nt_columns<4, 2>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        case 7: nt_columns<4, 3>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
+        default: nt_columns<4, 4>(a, K, Wt, ldw, C, ldc, add, n0, n1, ep); break;
     }
+}
+
+/* the nt product on a team of threads, each on its own contiguous rows of W */
+template <typename T>
+void nt_team(long M, long N, long K, const float* A, long rs_a, long cs_a, const T* Wt, long ldw, float* C,
+             long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    const int nt = team_size(M, N, K, nthreads);
+    auto run = [&](int t, int n) {
+        nfi::Scratch& ws = t_gemv_scratch;
+        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
+        long n0, n1;
+        part_range(N, W, t, n, &n0, &n1);
+        if (n0 < n1) nt_range(M, a, K, Wt, ldw, C, ldc, accumulate != 0, n0, n1, ep);
+    };
+    if (nt <= 1) {
+        run(0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    run(omp_get_thread_num(), omp_get_num_threads());
 }
 
 /* ---------------- kn: B [K, N], partial[m, j] = sum_{k in [k0, k1)} A[m, k] * B[k, j] ---------------- */
@@ -245,20 +278,14 @@ namespace nfi {
 bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
              long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
     if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRows || N < 1 || K < 1 || !C) return false;
-    const int nt = team_size(M, N, K, nthreads);
-    auto run = [&](int t, int n) {
-        nfi::Scratch& ws = t_gemv_scratch;
-        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
-        long n0, n1;
-        part_range(N, W, t, n, &n0, &n1);
-        if (n0 < n1) nt_range(M, a, K, Wt, ldw, C, ldc, accumulate != 0, n0, n1, ep);
-    };
-    if (nt <= 1) {
-        run(0, 1);
-        return true;
-    }
-#pragma omp parallel num_threads(nt)
-    run(omp_get_thread_num(), omp_get_num_threads());
+    nt_team(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    return true;
+}
+
+bool gemv_nt_i8(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* Wt, long ldw, float* C,
+                long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRowsI8 || N < 1 || K < 1 || !C) return false;
+    nt_team(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads);
     return true;
 }
 

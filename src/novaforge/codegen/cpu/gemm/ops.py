@@ -232,7 +232,8 @@ def matmul(
 ) -> torch.Tensor:
     """act(a @ b [+ out if accumulate] + bias) + residual for 2-D a[M, K] (any strides); a and b float32 or
     bfloat16 (float32 accumulation and result). bf16 a and bf16 b (unpacked, or `pack_b_vnni`) run on the
-    native bf16 path where the CPU has one (`bf16_path()`)."""
+    native bf16 path where the CPU has one (`bf16_path()`). An int8 b with a float32 a is a weight-only
+    quantized product (`nf_gemm_i8w`: a @ b.float(), b converted in registers; scales are the caller's)."""
     _check_cpu(a, "a", (torch.float32, torch.bfloat16))
     if a.dim() != 2:
         raise ValueError("matmul expects a 2-D a; use bmm for batches")
@@ -246,7 +247,11 @@ def matmul(
     bf16_entry = (b.layout == "vnni" or a.dtype == torch.bfloat16) if isinstance(b, PackedB) else (
         torch.bfloat16 in (a.dtype, b.dtype))
     c, ep, keep = _output_and_epilogue((M, N), out, bias, act, residual, bf16_entry)
-    if isinstance(b, PackedB) and b.layout == "vnni":
+    if not isinstance(b, PackedB) and b.dtype == torch.int8:
+        _check_cpu(a, "a")
+        lib().nf_gemm_i8w(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0), b.stride(1),
+                          c.data_ptr(), c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
+    elif isinstance(b, PackedB) and b.layout == "vnni":
         _check_cpu(a, "a", (torch.bfloat16,))
         lib().nf_gemm_bf16_vnni_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(),
                                        c.stride(0), int(accumulate), _ep_ptr(ep), nthreads)
