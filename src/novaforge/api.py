@@ -34,6 +34,7 @@ from .compile_stats import BACKENDS, CompileStats, resolve_backend
 from .frontend import pytrees
 from .frontend.capture import Captured, autocast_modes, capture, has_meta_state
 from .frontend.module_state import ModuleModes
+from .frontend.subclass_state import flatten_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .gc_pause import paused_gc
 from .ir import Graph
@@ -700,8 +701,8 @@ def _optimize(fn: Any, captured: Captured, opts: Options, be: Any) -> tuple[Grap
     target = be.target() if be is not None else None
     key = None
     if be is not None and captured.cache_key is not None and isinstance(fn, torch.nn.Module):
-        state = {name for name, _ in fn.named_parameters(remove_duplicate=False)}
-        state.update(name for name, _ in fn.named_buffers(remove_duplicate=False))
+        state = set(flatten_state({**dict(fn.named_parameters(remove_duplicate=False)),
+                                   **dict(fn.named_buffers(remove_duplicate=False))}))
         key = pipeline_cache.key_for(captured, state, opts, be, target)
     hit = pipeline_cache.load(key) if key is not None else None
     if hit is not None:

@@ -37,6 +37,7 @@ from .dynamic import SymbolConverter, symbolic_inputs
 from .lower import InputSpec, UnsupportedError, lower_fx
 from .module_state import freezable
 from .replicate_layers import ReplayMismatch, replicated_layers
+from .subclass_state import flatten_state, rebuild_state
 
 
 @contextlib.contextmanager
@@ -518,8 +519,9 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
 
     from .captured import Captured, CaptureError, DataDependentError, UntraceableError
 
-    params = dict(mod.named_parameters())
-    buffers = dict(mod.named_buffers())
+    # wrapper-subclass state (torchao weights) is bound as its inner tensors (frontend/subclass_state.py)
+    state_now = {**dict(mod.named_parameters()), **dict(mod.named_buffers())}
+    params, buffers = flatten_state(dict(mod.named_parameters())), flatten_state(dict(mod.named_buffers()))
     pnames, bnames = list(params), list(buffers)
     flat_in = pytrees.flatten((tuple(args), dict(kwargs)))
     out_info: dict[str, Any] = {}
@@ -528,7 +530,8 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
     def traced(param_list, buffer_list, tensor_args):
         trace_objs: list[Any] = []  # the cache objects the traced call receives, by number
         a, k = pytrees.unflatten(flat_in.spec, list(tensor_args), objs_out=trace_objs)
-        state = {**dict(zip(pnames, param_list, strict=True)), **dict(zip(bnames, buffer_list, strict=True))}
+        state = rebuild_state(state_now, {**dict(zip(pnames, param_list, strict=True)),
+                                          **dict(zip(bnames, buffer_list, strict=True))})
         replay = RngReplay()
         before = [_object_state(o) for o in trace_objs]
         with _follow_rng(replay) if tracing[0] else contextlib.nullcontext():  # (not when eager's error is asked)

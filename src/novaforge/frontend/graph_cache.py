@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import settings
 from ..ir import verify
@@ -58,6 +59,7 @@ from ..options import Options
 from . import pytrees
 from .capture import autocast_modes
 from .module_state import NN_INTERNAL as _NN_INTERNAL
+from .subclass_state import flatten_state
 
 FORMAT = 1
 INLINE_CONST_BYTES = 4 << 20  # non-state constants up to this size are stored in the entry
@@ -168,13 +170,32 @@ def _module_parts(mod: torch.nn.Module) -> list[str]:
     for kind, named in (("P", mod.named_parameters(remove_duplicate=False)),
                         ("B", mod.named_buffers(remove_duplicate=False))):
         for n, t in named:
-            ident = (t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t), t.storage_offset(),
-                     tuple(t.shape), tuple(t.stride()))
-            tied = first.setdefault(ident, n)
+            tied = first.setdefault(_storage_ident(t), n)
             # an inference tensor is never frozen (frontend/module_state.py `freezable`): its graph differs
             inference = " inference" if t.is_inference() else ""
-            parts.append(f"{kind} {n} {list(t.shape)} {t.dtype} {t.device} {t.requires_grad} tied={tied}{inference}")
+            parts.append(f"{kind} {n} {list(t.shape)} {t.dtype} {t.device} {t.requires_grad} tied={tied}{inference}"
+                         + _subclass_part(t, memo))
     return parts
+
+
+def _storage_ident(t: torch.Tensor) -> tuple:
+    """Where the tensor's data is (ties share it); a wrapper subclass (a torchao int8 weight) has
+    no storage of its own: its inner tensors' places name it."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return (type(t).__name__,) + tuple(_storage_ident(getattr(t, a)) for a in names)
+    return (t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t), t.storage_offset(),
+            tuple(t.shape), tuple(t.stride()))
+
+
+def _subclass_part(t: torch.Tensor, memo: dict[int, tuple[Any, str]]) -> str:
+    """A wrapper subclass's class, flatten context and inner tensors' specs (its graph depends on them)."""
+    if not is_traceable_wrapper_subclass(t):
+        return ""
+    names, ctx = t.__tensor_flatten__()
+    inner = [f"{a}:{list(getattr(t, a).shape)}:{getattr(t, a).dtype}{_subclass_part(getattr(t, a), memo)}"
+             for a in names]
+    return f" subclass={_class_path(type(t))} ctx={_describe(ctx, memo)} inner={inner}"
 
 
 def key_for(module: Any, flat: pytrees.Flat, freeze: bool, options: dict[str, Any], fake: bool = False) -> str | None:
@@ -281,8 +302,9 @@ def _spec_from_data(d: dict[str, Any]) -> pytrees.Spec:
 
 # ------------------------------------------------------------------ load / store
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters(remove_duplicate=False)),
-            **dict(module.named_buffers(remove_duplicate=False))}
+    """The module's state by the names capture binds (subclass weights as their inner tensors)."""
+    return flatten_state({**dict(module.named_parameters(remove_duplicate=False)),
+                          **dict(module.named_buffers(remove_duplicate=False))})
 
 
 def store(key: str, captured: Any, module: torch.nn.Module) -> bool:

@@ -67,12 +67,14 @@ def graph_passes() -> list[tuple[str, Pass]]:
     from .fuse_attention import fuse_attention
     from .hoist_size_only import hoist_size_only
     from .recognize_activations import recognize_activations
+    from .recognize_int8_weights import recognize_int8_weights
     from .remat import remat
     from .split_reductions import split_reductions
 
     return [
         ("dce", dce),
         ("cse", cse),
+        ("recognize_int8_weights", recognize_int8_weights),  # (before fold_constants: keeps W int8)
         ("fold_constants", fold_constants),
         ("simplify", simplify),
         ("recognize_activations", recognize_activations),

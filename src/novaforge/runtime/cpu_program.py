@@ -442,7 +442,7 @@ class CpuProgram:
         out, out_shape = st.out, tuple(st.attrs.get("out_shape", ()))
         if st.kind == "matmul":
             (sa, la), (sb, lb) = st.operands
-            if fixed and self.slots[out].kind in ("arena", "scratch"):
+            if fixed and self.slots[out].kind in ("arena", "scratch") and env[sa].dtype == env[sb].dtype:
                 a, b, o = _view(env[sa], la), _view(env[sb], lb), env[out].view(out_shape)
 
                 def run_mm_fixed() -> None:
@@ -451,7 +451,9 @@ class CpuProgram:
                 return run_mm_fixed
 
             def run_mm() -> None:
-                torch.matmul(_view(env[sa], la), _view(env[sb], lb), out=env[out].view(out_shape))
+                a, b = _view(env[sa], la), _view(env[sb], lb)
+                # (a weight-only int8 B, ir/ops/matmul.py: converted per call, as eager does)
+                torch.matmul(a, b if b.dtype == a.dtype else b.to(a.dtype), out=env[out].view(out_shape))
 
             return run_mm
         if st.kind == "sdpa":

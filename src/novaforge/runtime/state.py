@@ -31,22 +31,31 @@ from typing import Any
 
 import torch
 
+from ..frontend.subclass_state import resolve_inner, split_name
+
 
 def _layout(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
 
-def _owner(module: torch.nn.Module, name: str) -> tuple[dict[str, Any], str] | None:
-    """The dict (`_parameters` or `_buffers` of the owning submodule) holding `name`."""
-    prefix, _, leaf = name.rpartition(".")
+def _owner(module: torch.nn.Module, name: str) -> tuple[dict[str, Any], str, list[str]] | None:
+    """The dict (`_parameters` or `_buffers` of the owning submodule) holding `name`, its key there,
+    and the inner-tensor path of a subclass weight's part (`w#qdata`: frontend/subclass_state.py)."""
+    outer, path = split_name(name)
+    prefix, _, leaf = outer.rpartition(".")
     try:
         sub = module.get_submodule(prefix) if prefix else module
     except AttributeError:
         return None
     for d in (sub._parameters, sub._buffers):
         if leaf in d:
-            return d, leaf
+            return d, leaf, path
     return None
+
+
+def _current(d: dict[str, Any], leaf: str, path: list[str]) -> Any:
+    """The module's tensor now at (d, leaf, path)."""
+    return resolve_inner(d.get(leaf), path) if path else d.get(leaf)
 
 
 class StateBinding:
@@ -58,25 +67,26 @@ class StateBinding:
         `frozen`: (state name, tensor) of every frozen constant ('' for a tensor that is not
         module state, e.g. one a function closed over)."""
         self.refs = list(refs)
-        self._sites: list[tuple[dict[str, Any], str, int, tuple]] = []  # (dict, leaf, ref index, layout)
-        self._frozen: list[tuple[dict[str, Any] | None, str, torch.Tensor, int, int]] = []
+        self._sites: list[tuple[dict[str, Any], str, list[str], int, tuple]] = []  # (dict, leaf, path, ref, layout)
+        self._frozen: list[tuple[dict[str, Any] | None, str, list[str], torch.Tensor, int, int]] = []
         is_module = isinstance(module, torch.nn.Module)
         for i, (name, t) in enumerate(zip(ref_names, self.refs, strict=True)):
             site = _owner(module, name) if is_module else None
             if site is not None:
-                self._sites.append((site[0], site[1], i, _layout(t)))
+                self._sites.append((site[0], site[1], site[2], i, _layout(t)))
         for name, t in frozen:
             site = _owner(module, name) if is_module and name else None
-            d, leaf = site if site is not None else (None, "")
-            self._frozen.append((d, leaf, t, version_of(t), _data_ptr(t)))
+            d, leaf, path = site if site is not None else (None, "", [])
+            self._frozen.append((d, leaf, path, t, version_of(t), _data_ptr(t)))
 
     def refresh(self) -> bool:
-        for d, leaf, t, version, ptr in self._frozen:
-            if (d is not None and d.get(leaf) is not t) or version_of(t) != version or _data_ptr(t) != ptr:
+        for d, leaf, path, t, version, ptr in self._frozen:
+            if (d is not None and _current(d, leaf, path) is not t) or version_of(t) != version \
+                    or _data_ptr(t) != ptr:
                 return False
         refs = self.refs
-        for d, leaf, i, layout in self._sites:
-            cur = d.get(leaf)
+        for d, leaf, path, i, layout in self._sites:
+            cur = _current(d, leaf, path)
             if cur is not refs[i]:
                 if cur is None or _layout(cur) != layout:
                     return False

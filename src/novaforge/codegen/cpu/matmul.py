@@ -7,6 +7,9 @@ The generated function calls, by B's layout (B(k, n) = B[k*rs_b + n*cs_b]):
   memory); for bf16 A and bf16 B on a CPU with bf16 dot instructions (`CpuTarget.has_bf16_dot`:
   AVX512-BF16 or AMX-BF16) the copy is in VNNI panels (`pack_layout == "vnni"`) and the call is
   `nf_gemm_bf16_vnni_packed` (AMX tiles / VDPBF16PS, chosen by the library at run time);
+* `nf_gemm_i8w` for a float32 A times an int8 B (weight-only quantization, passes/
+  recognize_int8_weights.py): never packed at build time, the weight stays int8; the streaming
+  decode path reads W [N, K] int8 in place, larger products convert it while packing a block;
 * otherwise nothing is copied: `nf_gemm_nt_mixed` (dot-product kernel) when B is k-contiguous
   (rs_b = 1: an nn.Linear weight [N, K] seen as W^T), `nf_sgemm` / `nf_gemm_mixed` for other
   layouts (row-major B, e.g. a Conv1D weight [K, N], is read in place by the micro-kernel; strided B
@@ -225,9 +228,12 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     geo = _geometry(a, b, a_t)
     if geo is None or geo.K == 0 or a.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if b.dtype not in (torch.float32, torch.bfloat16):
+    i8 = b.dtype == torch.int8 and a.dtype == torch.float32  # weight-only int8 (nf_gemm_i8w)
+    if b.dtype not in (torch.float32, torch.bfloat16) and not i8:
         return None
-    packed = b.buf in const_bufs and not geo.batched
+    if i8 and geo.batched:
+        return None
+    packed = b.buf in const_bufs and not geo.batched and not i8  # (an int8 weight stays int8)
     mixed = torch.bfloat16 in (a.dtype, b.dtype)
     vnni = packed and a.dtype == b.dtype == torch.bfloat16 and target.has_bf16_dot
     if geo.batched and mixed:
@@ -274,9 +280,9 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
                 break
     # no output can hold C: the library keeps each block of C in a per-thread buffer for the tile
     # epilogue (not on the dot-product entry, which has no such mode)
-    local = not direct and inplace is None and tile is not None and not nt
+    local = not direct and inplace is None and tile is not None and not nt and not i8
     dst = "direct" if direct else ("inplace" if inplace is not None else ("local" if local else "scratch"))
-    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|bias={bias_buf},{bias_off},{int(bias16)}|act={act}"
+    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|i8={i8}|bias={bias_buf},{bias_off},{int(bias16)}|act={act}"
             f"|direct={direct}|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
     flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
@@ -294,7 +300,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         pf = None
         if tile is not None:
             text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args)
-            if not nt:  # (the nf_sgemm-family entries call it)
+            if not nt and not i8:  # (the nf_sgemm-family entries call it)
                 pf = render_tile_prefetch(tile_name + "_pf", ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args,
                                           c_output=inplace)
                 text += pf or ""
@@ -326,6 +332,10 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
             else:
                 code(f"nf_sgemm_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, {bp}, {c_ptr}, "
                      f"{geo.N}, 0, &ep, {threads});")
+        elif i8:
+            code(f"nf_gemm_i8w({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "
+                 f"((const int8_t*)p{1 + b.buf} + {b.layout.offset}), {geo.b[1]}, {geo.b[2]}, {c_ptr}, {geo.N}, 0, "
+                 f"&ep, {threads});")
         else:
             b_ptr = f"((const {'float' if b.dtype == torch.float32 else 'uint16_t'}*)p{1 + b.buf} + {b.layout.offset})"
             a16, b16 = int(a.dtype == torch.bfloat16), int(b.dtype == torch.bfloat16)

@@ -3,8 +3,10 @@
 Fusion builds kernels around anchors: a prologue of views (as strides) and an epilogue of
 elementwise ops (bias, activation, residual add, cast) on the anchor's output.
 
-Invariant: operands share one float or integer dtype (matmul) / one float dtype (attention);
-batch dimensions broadcast; attention's key/value heads divide the query heads (GQA).
+Invariant: operands share one float or integer dtype (matmul), except a weight-only quantized
+product: a float A times an int8 B computes A @ B.to(A's dtype) in A's dtype (only the pass
+recognize_int8_weights builds it; lowering keeps eager's same-dtype rule) / one float dtype
+(attention); batch dimensions broadcast; attention's key/value heads divide the query heads (GQA).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ FAMILY = "matmul"
 
 def _matmul_infer(ts, a):
     x, y = ts
-    dt = same_dtype("matmul", ts)
+    dt = x.dtype if is_int8_weight_product(x.dtype, y.dtype) else same_dtype("matmul", ts)
     if x.rank < 2 or y.rank < 2:
         raise ValueError(f"matmul: operands need rank >= 2, got {x} and {y}")
     if x.shape[-1] != y.shape[-2]:
@@ -31,11 +33,21 @@ def _matmul_infer(ts, a):
     return [TensorType(batch + (x.shape[-2], y.shape[-1]), dt, device_of("matmul", ts))]
 
 
+def is_int8_weight_product(a: torch.dtype, b: torch.dtype) -> bool:
+    """float A @ int8 B: B is a weight-only quantized operand, converted to A's dtype in registers."""
+    return b == torch.int8 and is_float(a)
+
+
+def _matmul_eval(xs, a):
+    x, y = xs
+    return torch.matmul(x, y.to(x.dtype) if is_int8_weight_product(x.dtype, y.dtype) else y)
+
+
 def _matmul_flops(ins, outs, attrs) -> float:
     return 2.0 * outs[0].numel * ins[0].shape[-1]
 
 
-matmul_ = define("matmul", 2, _matmul_infer, lambda xs, a: torch.matmul(xs[0], xs[1]), flags={"anchor"},
+matmul_ = define("matmul", 2, _matmul_infer, _matmul_eval, flags={"anchor"},
                  doc="batched matmul [..., M, K] @ [..., K, N] with broadcast batch dimensions", family=FAMILY,
                  cost=_matmul_flops)
 

@@ -12,6 +12,7 @@ from .build import ACTS, cache_sizes, include_dir, library_path, link_args, load
 from .ops import (
     PackedB,
     bf16_counts,
+    i8_counts,
     bf16_hw_path,
     bf16_path,
     blocking,
@@ -31,6 +32,7 @@ __all__ = [
     "ACTS",
     "PackedB",
     "bf16_counts",
+    "i8_counts",
     "bf16_hw_path",
     "bf16_path",
     "blocking",

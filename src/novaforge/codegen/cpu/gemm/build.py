@@ -337,6 +337,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nf_gemm_bf16_hw_path": (_I, []),
     "nf_gemm_set_bf16_path": (None, [_I]),
     "nf_gemm_bf16_counts": (None, [_P]),
+    "nf_gemm_i8_counts": (None, [_P]),
     "nf_gemm_vnni_size": (_L, [_L, _L]),
     "nf_gemm_pack_b_vnni": (None, [_L, _L, _P, _L, _L, _P]),
     "nf_gemm_bf16_vnni_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),

@@ -725,9 +725,19 @@ void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, l
         nthreads);
 }
 
+static std::atomic<long> g_i8_counts[2];  // nf_gemm_i8w calls: [0] streaming GEMV, [1] packed (converted) path
+
+void nf_gemm_i8_counts(long* counts) {
+    for (int i = 0; i < 2; ++i) counts[i] = g_i8_counts[i].load(std::memory_order_relaxed);
+}
+
 void nf_gemm_i8w(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,
                  float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (rs_b == 1 && C && nfi::gemv_nt_i8(M, N, K, A, rs_a, cs_a, B, cs_b, C, ldc, accumulate, ep, nthreads)) return;
+    if (rs_b == 1 && C && nfi::gemv_nt_i8(M, N, K, A, rs_a, cs_a, B, cs_b, C, ldc, accumulate, ep, nthreads)) {
+        g_i8_counts[0].fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    g_i8_counts[1].fetch_add(1, std::memory_order_relaxed);
     Problem P = make_problem(M, N, K, A, false, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0, ldc,
                              accumulate, ep);
     P.b_i8 = true;

@@ -123,6 +123,8 @@ void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a,
  * are not applied here: they are the caller's epilogue (a tile_fn). C == NULL with a tile_fn as nf_sgemm. */
 void nf_gemm_i8w(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,
                  float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads);
+/* counts[0] += nf_gemm_i8w calls on the streaming GEMV, counts[1] += calls on the packed path (2 longs) */
+void nf_gemm_i8_counts(long* counts);
 
 /* ---- GEMM with B = W^T, W row-major [N, K] (an nn.Linear weight), no packed copy of W ----
  * C = A @ W^T with W(j, k) = W[j*ldw + k]. With few rows (M < 96: decode) a dot-product micro-kernel

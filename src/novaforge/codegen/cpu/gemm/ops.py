@@ -55,6 +55,14 @@ def bf16_counts() -> dict[str, int]:
     return {name: int(arr[i]) for i, name in BF16_PATHS.items()}
 
 
+def i8_counts() -> dict[str, int]:
+    """Weight-only int8 calls (`nf_gemm_i8w`) per path since the library was loaded: 'gemv' (W [N, K]
+    int8 streamed, converted in registers) and 'packed' (converted while packing a block)."""
+    arr = (ctypes.c_long * 2)()
+    lib().nf_gemm_i8_counts(arr)
+    return {"gemv": int(arr[0]), "packed": int(arr[1])}
+
+
 @contextlib.contextmanager
 def forced_bf16_path(name: str) -> Iterator[None]:
     """Run bf16 products on the path `name` (or the best below it the CPU has) inside the block;

@@ -1,0 +1,116 @@
+"""Weight-only int8 models through novaforge.compile and torch.compile(backend="novaforge"): the int8
+weight stays int8 (passes/recognize_int8_weights.py) and nf_gemm_i8w runs (its call counts: the
+streaming GEMV at decode sizes, the packed path above them), results equal eager's.
+
+Two ways a user gets such a model: a hand-written dequantize (`x @ W_int8.t().float() * scale`),
+and torchao's `quantize_(model, Int8WeightOnlyConfig())` (its `Int8Tensor` weights decompose to the
+same ATen ops; capture binds their inner tensors, frontend/subclass_state.py). Also checked: the
+model's weights reassigned or changed in place after the compile are seen, frozen or not, and
+torchao's dynamic-activation config (its `_int_mm` stays an ATen extern: no native int8 x int8
+kernel yet) gives eager's results.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import novaforge
+from novaforge.codegen.cpu import gemm
+
+
+class Dequant(torch.nn.Module):
+    """A linear with int8 weights and per-channel scales, then GELU: the torchao decomposition."""
+
+    def __init__(self, k: int = 96, n: int = 72, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("q", torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g))
+        self.register_buffer("scale", torch.rand(n, 1, generator=g) * 0.02)
+        self.bias = torch.nn.Parameter(torch.randn(n, generator=g))
+
+    def forward(self, x):
+        y = torch.mm(x.reshape(-1, x.shape[-1]), self.q.t().to(torch.float32)) * self.scale.view(-1) + self.bias
+        return torch.nn.functional.gelu(y).reshape(*x.shape[:-1], -1)
+
+
+def _entries(model, freeze=False):
+    return {"novaforge.compile": novaforge.compile(model, freeze=freeze),
+            "torch.compile": torch.compile(model, backend="novaforge", dynamic=False)}
+
+
+@pytest.mark.parametrize("rows,path", [(1, "gemv"), (5, "gemv"), (40, "packed")])
+@pytest.mark.parametrize("freeze", [False, True])
+def test_dequant_pattern_runs_on_the_int8_kernel(rows, path, freeze):
+    torch._dynamo.reset()
+    model = Dequant().eval()
+    x = torch.randn(1, rows, 96)
+    with torch.no_grad():
+        ref = model(x)
+        for name, f in _entries(model, freeze).items():
+            before = gemm.i8_counts()[path]
+            got = f(x)
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5, msg=name)
+            assert gemm.i8_counts()[path] > before, f"{name}: nf_gemm_i8w ({path}) did not run"
+
+
+def test_frozen_weight_stays_int8():
+    model = Dequant().eval()
+    x = torch.randn(2, 96)
+    report = novaforge.explain(model, x, freeze=True)
+    assert "int8_weight_matmuls 1" in str(report)
+    f = novaforge.compile(model, freeze=True)
+    with torch.no_grad():
+        f(x)
+    consts = [gi.tensor for gi in f.stats().graph.inputs if gi.kind == "const"]
+    assert any(t.dtype == torch.int8 and t.shape == (72, 96) for t in consts)
+    assert not any(t.dtype == torch.float32 and t.numel() >= 96 * 72 for t in consts), "a float32 copy of W"
+
+
+torchao = pytest.importorskip("torchao", reason="torchao (the `quant` extra) is not installed")
+
+
+def _quantized(config_name: str, seed: int = 0) -> torch.nn.Module:
+    from torchao.quantization import quantize_
+    from torchao.quantization import quant_api
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 160), torch.nn.GELU(), torch.nn.Linear(160, 48)).eval()
+    quantize_(model, getattr(quant_api, config_name)())
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_torchao_int8_weight_only_both_entries(rows):
+    torch._dynamo.reset()
+    model = _quantized("Int8WeightOnlyConfig")
+    x = torch.randn(2, rows, 64)
+    with torch.no_grad():
+        ref = model(x)
+        for name, f in _entries(model).items():
+            before = sum(gemm.i8_counts().values())
+            torch.testing.assert_close(f(x), ref, atol=1e-5, rtol=1e-5, msg=name)
+            assert sum(gemm.i8_counts().values()) >= before + 2, f"{name}: the int8 kernel did not run"
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_torchao_weights_reassigned_or_changed_are_seen(freeze):
+    model = _quantized("Int8WeightOnlyConfig")
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        f = novaforge.compile(model, freeze=freeze)
+        torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
+        model[0].weight = _quantized("Int8WeightOnlyConfig", seed=1)[0].weight
+        torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
+        model[2].weight.qdata.neg_()
+        torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_torchao_dynamic_int8_both_entries():
+    torch._dynamo.reset()
+    model = _quantized("Int8DynamicActivationInt8WeightConfig")
+    x = torch.randn(1, 16, 64)
+    with torch.no_grad():
+        ref = model(x)
+        for name, f in _entries(model).items():
+            torch.testing.assert_close(f(x), ref, atol=1e-4, rtol=1e-4, msg=name)
