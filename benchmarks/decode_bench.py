@@ -14,8 +14,11 @@ median one-token), so the first token and the fixed cost of a call are excluded.
 runner alike). Sampling is seeded (`torch.manual_seed(SAMPLE_SEED)` before every call), so its
 tokens are comparable with eager's too.
 
-The roof: one decode step reads every weight once (the embedding only a row of it, ignored; tied
-weights once), so tokens/s <= batch * read bandwidth / weight bytes. The read bandwidth is the
+The roof: one decode step reads every weight once (an embedding table no other module uses only a
+row of it: not counted; tied weights once; a torchao int8 weight as its int8 data and scales), so
+tokens/s <= batch * read bandwidth / weight bytes, per runner (`-int8` runners: the model quantized
+with `novaforge.quantize(model, "int8-weight")`, torchao int8 weight-only; their tokens are compared
+with eager's on the same quantized model, run automatically). The read bandwidth is the
 best of a torch sum and a GEMV over 1 GiB buffers (larger than the last-level cache) with the
 same thread count. KV-cache reads are not in the roof (they are < 3% of the weights at batch 1,
 prompt 32 + 128 new; more at batch 8).
@@ -42,7 +45,8 @@ import torch
 SAMPLE_SEED = 1234
 SAMPLING = {"greedy": {"do_sample": False},
             "top-p": {"do_sample": True, "temperature": 0.8, "top_k": 0, "top_p": 0.9}}
-RUNNERS = ("eager", "inductor", "inductor-static", "novaforge", "novaforge-dynamo")
+BASE_RUNNERS = ("eager", "inductor", "inductor-static", "novaforge", "novaforge-dynamo")
+RUNNERS = BASE_RUNNERS + tuple(f"{r}-int8" for r in BASE_RUNNERS)  # -int8: novaforge.quantize(m, "int8-weight")
 
 
 def build_model(name: str) -> tuple[torch.nn.Module, int]:
@@ -81,9 +85,23 @@ def read_bandwidth() -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    from novaforge.bench.worker import _weight_bytes  # tied weights once
+    """Bytes one decode step reads: every parameter and buffer once (tied ones once, a torchao
+    weight as its int8 data and scales), except embedding tables that no other module uses (a
+    step reads one row of them)."""
+    from novaforge.frontend.subclass_state import flatten_state
 
-    return _weight_bytes(model)
+    embed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Embedding)
+              for p in m.parameters(recurse=False)}
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    skip = {n for n, t in state.items() if id(t) in embed and id(t) not in shared}
+    seen, total = set(), 0
+    for t in flatten_state({n: t for n, t in state.items() if n not in skip}).values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
 
 
 @contextlib.contextmanager
@@ -124,7 +142,13 @@ def forward_timer(model: torch.nn.Module, compiled: Any, spent: list[float]) -> 
 
 
 def make_runner(name: str, model: torch.nn.Module) -> tuple[Callable[..., torch.Tensor], Any, dict]:
-    """(generate, the novaforge CompiledModule or None, extra generate kwargs) for a runner."""
+    """(generate, the novaforge CompiledModule or None, extra generate kwargs) for a runner; a
+    name ending in -int8 runs on the model quantized by novaforge.quantize (torchao int8 weights)."""
+    if name.endswith("-int8"):
+        import novaforge
+
+        novaforge.quantize(model, "int8-weight")
+        name = name.removesuffix("-int8")
     if name == "eager":
         return model.generate, None, {}
     if name in ("inductor", "inductor-static"):
@@ -147,6 +171,7 @@ def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.
             want: torch.Tensor | None) -> dict[str, Any]:
     model, _ = build_model(args.model)
     generate, compiled, extra = make_runner(name, model)
+    wbytes = weight_bytes(model)
     kw = {**SAMPLING[args.sampling], **extra, "attention_mask": mask, "pad_token_id": 0}
 
     def call(n: int) -> torch.Tensor:
@@ -169,7 +194,7 @@ def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.
     decode_s = statistics.median(full) - statistics.median(one)
     row = {"runner": name, "first_call_s": first_s, "ttft_ms": 1e3 * statistics.median(one),
            "decode_tok_s": args.batch * (args.new_tokens - 1) / decode_s, "rows_equal": rows_equal,
-           "full_ms": [round(1e3 * t) for t in full], "out": out}
+           "full_ms": [round(1e3 * t) for t in full], "out": out, "weight_bytes": wbytes}
     if args.forward_share:
         spent = [0.0]
         with forward_timer(model, compiled, spent):
@@ -184,9 +209,10 @@ def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.
     return row
 
 
-def _cells(r: dict[str, Any], eager: dict[str, Any], ind: dict[str, Any] | None, roof: float) -> list[str]:
+def _cells(r: dict[str, Any], eager: dict[str, Any], ind: dict[str, Any] | None, bw: float, batch: int) -> list[str]:
     rate, eq = r["decode_tok_s"], r["rows_equal"]
-    return [r["runner"], f"{rate:.1f}", f"{rate / eager['decode_tok_s']:.2f}",
+    roof = batch * bw / r["weight_bytes"]
+    return [r["runner"], f"{r['weight_bytes'] / 1e6:.0f}", f"{rate:.1f}", f"{rate / eager['decode_tok_s']:.2f}",
             "" if ind is None else f"{rate / ind['decode_tok_s']:.2f}", f"{100 * rate / roof:.0f}%",
             f"{r['ttft_ms']:.0f}", "" if ind is None else f"{r['ttft_ms'] / ind['ttft_ms']:.2f}",
             f"{r['first_call_s']:.1f}", "–" if eq is None else f"{sum(eq)}/{len(eq)}",
@@ -218,21 +244,28 @@ def main(argv: list[str] | None = None) -> int:
     roof = args.batch * bw / wbytes
     print(f"# {args.model} batch {args.batch} prompt {args.prompt} new {args.new_tokens} {args.sampling} "
           f"{SAMPLING[args.sampling]}, threads {args.threads}, torch {torch.__version__}, load before {load}")
-    print(f"# read bandwidth {bw / 1e9:.2f} GB/s, weights {wbytes / 1e6:.1f} MB/step -> roof {roof:.1f} tok/s")
-    rows, want = [], None
-    for name in ["eager", *(r for r in runners if r != "eager")]:  # eager first: the reference, always shown
-        row = run_one(name, args, ids, mask, want)
-        if name == "eager":
-            want = row["out"]
+    print(f"# read bandwidth {bw / 1e9:.2f} GB/s, fp32 weights {wbytes / 1e6:.1f} MB/step -> roof {roof:.1f} tok/s "
+          "(an int8 runner's roof: the same bandwidth over its own weight bytes)")
+    rows, want = [], {}
+    order = ["eager", *(r for r in runners if r != "eager")]  # eager first: the reference, always shown
+    if any(r.endswith("-int8") for r in order) and "eager-int8" not in order:
+        order.insert(1, "eager-int8")  # (the int8 runners' tokens are compared with eager int8's)
+    order.sort(key=lambda r: (r.endswith("-int8"), r != "eager" and r != "eager-int8"))
+    for name in order:
+        suffix = "-int8" if name.endswith("-int8") else ""
+        row = run_one(name, args, ids, mask, want.get(suffix))
+        if name in ("eager", "eager-int8"):
+            want[suffix] = row["out"]
         rows.append(row)
         print(f"#   {name}: done ({row['first_call_s']:.1f} s first call)", file=sys.stderr)
     eager = rows[0]
-    ind = next((r for r in rows if r["runner"] == "inductor"), None)
-    print("| runner | decode tok/s | x eager | x inductor | of roof | TTFT ms | TTFT / inductor | first call s "
-          "| rows = eager | forward share | programs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| runner | weights MB/step | decode tok/s | x eager fp32 | x inductor (same precision) | of roof | TTFT ms "
+          "| TTFT / inductor | first call s | rows = eager (same precision) | forward share | programs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print("| " + " | ".join(_cells(r, eager, ind, roof)) + " |")
+        suffix = "-int8" if r["runner"].endswith("-int8") else ""
+        ind = next((x for x in rows if x["runner"] == "inductor" + suffix), None)
+        print("| " + " | ".join(_cells(r, eager, ind, bw, args.batch)) + " |")
     print(f"# load after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

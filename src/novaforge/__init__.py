@@ -15,11 +15,12 @@ from .api import CompiledModule, compile
 from .bisect import bisect  # novaforge.bisect(model, *inputs): the guilty pass and decision
 from .frontend.capture import CaptureError
 from .frontend.lower import UnsupportedError
+from .quantize import quantize  # novaforge.quantize(model, "int8-weight" | "int8-dynamic"): torchao, one line
 from .training import compile_step
 from .version import __version__
 
 __all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "compile_step",
-           "explain", "report"]
+           "explain", "quantize", "report"]
 
 
 def _register_dynamo_backend() -> None:

@@ -71,8 +71,7 @@ torchao = pytest.importorskip("torchao", reason="torchao (the `quant` extra) is 
 
 
 def _quantized(config_name: str, seed: int = 0) -> torch.nn.Module:
-    from torchao.quantization import quantize_
-    from torchao.quantization import quant_api
+    from torchao.quantization import quant_api, quantize_
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 160), torch.nn.GELU(), torch.nn.Linear(160, 48)).eval()

@@ -12,12 +12,12 @@ from .build import ACTS, cache_sizes, include_dir, library_path, link_args, load
 from .ops import (
     PackedB,
     bf16_counts,
-    i8_counts,
     bf16_hw_path,
     bf16_path,
     blocking,
     bmm,
     forced_bf16_path,
+    i8_counts,
     isa,
     linear,
     linear_block,
