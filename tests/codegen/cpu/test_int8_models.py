@@ -113,3 +113,33 @@ def test_torchao_dynamic_int8_both_entries():
         ref = model(x)
         for name, f in _entries(model).items():
             torch.testing.assert_close(f(x), ref, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_quantize_gpt2_conv1d_and_generate():
+    """novaforge.quantize on transformers' GPT-2 (Conv1D projections become int8 Linears too), then
+    generate() through both entry points gives eager's tokens on the same quantized model."""
+    from novaforge.bench.workloads import build_generation_model
+
+    torch._dynamo.reset()
+    model, vocab = build_generation_model("gpt2-tiny")
+    ref_logits = model(torch.arange(1, 9)[None]).logits
+    novaforge.quantize(model, "int8-weight")
+    assert not any(type(m).__name__ == "Conv1D" for m in model.modules())
+    assert type(model.transformer.h[0].mlp.c_fc.weight).__name__ == "Int8Tensor"
+    ids = torch.randint(1, vocab, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (model(torch.arange(1, 9)[None]).logits - ref_logits).abs().max() < 0.05 * ref_logits.abs().max()
+        want = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+        before = sum(gemm.i8_counts().values())
+        got = novaforge.compile(model, freeze=True).generate(ids, max_new_tokens=6, min_new_tokens=6,
+                                                             do_sample=False, pad_token_id=0)
+        assert torch.equal(got, want)
+        assert sum(gemm.i8_counts().values()) > before
+        model.forward = torch.compile(model.forward, backend="novaforge")
+        got = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(got, want)
+
+
+def test_quantize_rejects_an_unknown_mode():
+    with pytest.raises(ValueError, match="int8-weight"):
+        novaforge.quantize(torch.nn.Linear(4, 4), "int4")
