@@ -59,6 +59,7 @@ def test_frozen_weight_stays_int8():
     x = torch.randn(2, 96)
     report = novaforge.explain(model, x, freeze=True)
     assert "int8_weight_matmuls 1" in str(report)
+    assert "nf_gemm_i8w" in str(report)  # the report names the path that runs
     f = novaforge.compile(model, freeze=True)
     with torch.no_grad():
         f(x)

@@ -589,7 +589,8 @@ def _describe_plan(plan) -> str:
     call, or the fallback with its reason."""
     parts = [plan.kind]
     if plan.gemm is not None:
-        parts.append("nf_gemm" + (" packed-B" if plan.gemm.pack is not None else ""))
+        parts.append("nf_gemm" + (" packed-B" if plan.gemm.pack is not None else "")
+                     + (f" {plan.gemm.entry}" if plan.gemm.entry else ""))
     for g in (getattr(plan, "anchor_gen", None), plan.gen):
         if g is not None:
             parts.append(g.schedule.key())

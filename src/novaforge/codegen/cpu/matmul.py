@@ -85,6 +85,7 @@ class GemmPlan:
     scratch: TensorType  # float32 C when dst == "scratch"
     pack: Operand | None  # B operand packed at build time (a constant)
     pack_layout: str = "f32"  # "f32": nf_sgemm_pack_b(_bf16) panels; "vnni": nf_gemm_pack_b_vnni (bf16 x bf16)
+    entry: str = ""  # the nf_gemm entry the function calls (the report names it)
 
 
 @dataclass
@@ -357,5 +358,14 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         return text + code.text()
 
     gen = GenKernel(name, n_args, render, sched, key)
+    if vnni:
+        entry = "nf_gemm_bf16_vnni_packed"
+    elif packed:
+        entry = "nf_gemm_bf16_packed" if a.dtype == torch.bfloat16 else "nf_sgemm_packed"
+    elif i8:
+        entry = "nf_gemm_i8w (int8 weight: streamed at M <= 8, converted while packing above)"
+    else:
+        entry = "nf_gemm_nt_mixed" if nt else "nf_gemm_mixed" if mixed else "nf_sgemm_batched" if geo.batched \
+            else "nf_sgemm"
     return GemmPlan(gen, dst, inplace, TensorType(tuple(a_t.shape), torch.float32), b if packed else None,
-                    "vnni" if vnni else "f32")
+                    "vnni" if vnni else "f32", entry)
