@@ -40,6 +40,7 @@ namespace {
 inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 
 constexpr long kGemvRows = 4;  // nt, float32 W
+constexpr long kI8PrefetchGroups = 4;  // int8 W: software prefetch distance, in groups of R rows
 constexpr long kGemvRowsI8 = 8;  // nt, int8 W: rows 5-8 in a second pass over W's rows while they are in L1
 #if NF_ISA == 2
 constexpr long kGemvRowsKn = 8;
@@ -93,7 +94,12 @@ NF_INLINE void nt_group(const float* a, long K, const T* w, long ldw, float* c, 
     for (int m = 0; m < MR; ++m)
         for (int r = 0; r < R; ++r) acc[m][r] = nfs::vzero();
     long k = 0;
+    // int8 W: the hardware prefetchers fall behind a stream that is consumed 4x faster per
+    // instruction than float32 (measured: 6.6 G weights/s per thread from DRAM, 15.6 from L3), so
+    // each step prefetches its share (R x W bytes) of the group kI8PrefetchGroups groups ahead
+    const char* pf = (const char*)(w + kI8PrefetchGroups * R * ldw);
     for (; k + W <= K; k += W) {
+        if constexpr (sizeof(T) == 1) __builtin_prefetch(pf + k * R, 0, 2);
         nfs::vf x[MR];
         for (int m = 0; m < MR; ++m) x[m] = nfs::vload(a + m * K + k);
         for (int r = 0; r < R; ++r) {
