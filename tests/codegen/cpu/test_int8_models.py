@@ -144,3 +144,16 @@ def test_quantize_gpt2_conv1d_and_generate():
 def test_quantize_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match="int8-weight"):
         novaforge.quantize(torch.nn.Linear(4, 4), "int4")
+
+
+def test_dequant_pattern_symbolic_rows():
+    """One program for every row count (a symbolic dimension): the int8 kernel takes M at run time."""
+    model = Dequant().eval()
+    f = novaforge.compile(model, dynamic={"x": {1: (2, 64)}})
+    with torch.no_grad():
+        for rows in (2, 3, 8, 17):
+            x = torch.randn(1, rows, 96)
+            before = sum(gemm.i8_counts().values())
+            torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
+            assert sum(gemm.i8_counts().values()) > before
+    assert f.compilations == 1
