@@ -157,3 +157,32 @@ def test_dequant_pattern_symbolic_rows():
             torch.testing.assert_close(f(x), model(x), atol=1e-5, rtol=1e-5)
             assert sum(gemm.i8_counts().values()) > before
     assert f.compilations == 1
+
+
+class Int8PackMM(torch.nn.Module):
+    """torchao's older CPU route: aten._weight_int8pack_mm(x, W_int8 [N, K], scales [N])."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("w", torch.randint(-128, 128, (40, 64), dtype=torch.int8, generator=g))
+        self.register_buffer("s", torch.rand(40, generator=g) * 0.05)
+
+    def forward(self, x):
+        return torch.ops.aten._weight_int8pack_mm(x, self.w, self.s)
+
+
+@pytest.mark.parametrize("rows", [1, 24])
+def test_weight_int8pack_mm_is_lowered_to_the_int8_kernel(rows):
+    torch._dynamo.reset()
+    model = Int8PackMM()
+    x = torch.randn(rows, 64)
+    with torch.no_grad():
+        ref = model(x)
+        for name, f in _entries(model).items():
+            before = sum(gemm.i8_counts().values())
+            torch.testing.assert_close(f(x), ref, atol=1e-3, rtol=1e-4, msg=name)
+            assert sum(gemm.i8_counts().values()) > before, name
+    report = str(novaforge.explain(model, x))
+    externs = report.split("-- extern ops (ATen calls kept as is) --\n", 1)[1].split("\n\n", 1)[0]
+    assert externs.strip() == "none", externs

@@ -116,6 +116,16 @@ def _lower_linear(ctx, x, weight, bias=None):
     return out
 
 
+@matmul_.lowers(aten._weight_int8pack_mm.default)
+def _lower_weight_int8pack_mm(ctx, x, weight, scales):
+    """(x @ W_int8^T) * scales[N] (torchao's CPU int8 weight-only kernel): the dequantize pattern,
+    which passes/recognize_int8_weights.py turns into nf_gemm's int8 product on the CPU."""
+    v = ctx.val(x)
+    wt = ctx.permute(ctx.cast(ctx.val(weight), v.type.dtype), (1, 0))
+    out = matmul(ctx, v, wt)
+    return ctx.emit("mul", [out, ctx.cast(ctx.val(scales), out.type.dtype)])
+
+
 # --------------------------------------------------------------------------- attention
 def _attention_infer(ts, a):
     q, k, v = ts[:3]
