@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
     ("codegen", False, ("codegen",)),
     ("cache", False, ("cache",)),
     ("entry", True, ("", "__main__", "api", "compiled_module", "compile_stats", "dynamo", "train_entry", "training",
-                     "generation", "report", "bench", "cli", "fuzz", "bisect")),
+                     "generation", "report", "bench", "cli", "fuzz", "bisect", "quantize")),
 )
 
 # cycles known and owned elsewhere: each is the set of modules of one cycle, with why it is here.
