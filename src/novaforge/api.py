@@ -255,15 +255,7 @@ class CompiledModule:
             return self._via_dynamo(*args, **kwargs)  # (a forward replaced by `generate` is the original)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
-        flat = None
-        if not kwargs and all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
-            # fast path (no pytree work): positional plain tensors or parameters (a compiled training step's
-            # call); keyed apart from the general path
-            tensors, objs, spec_key = list(args), [], len(args)
-        else:
-            flat = pytrees.flatten((tuple(args), dict(kwargs)))
-            tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
-        key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes(), self._modes.key())
+        key, tensors, objs, flat = self._call_key(args, kwargs)
         if key[4] and key[4][0]:
             from .frontend.capture import HookedModuleError
 
@@ -490,9 +482,50 @@ class CompiledModule:
         """The model's `generate` with every forward call compiled (transformers models; a
         static KV cache by default, so decoding builds a bounded number of programs: see
         novaforge/generation.py)."""
+        from .decode_loop import loop_installed
         from .generation import generate
 
-        return generate(self, *args, **kwargs)
+        return generate(self, args, kwargs, loop_installed if self.options.decode_loop else None)
+
+    def bind(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Call once (compiling if needed) and return (again, the result): `again()` runs the same
+        program on the same input objects, which the caller updates in place between calls (a
+        decode loop's token, positions and cache), without flattening the inputs or checking their
+        signature again. It still sees reassigned or changed parameters (the binding is refreshed
+        each time, and a stale one takes the full call, which recompiles); a call that does not
+        run one plain program (training, Dynamo, an eager tier, a program for symbolic sizes,
+        inputs sharing memory with a mutated one) gives `again` = the full call."""
+        result = self(*args, **kwargs)
+        key, tensors, objs, _ = self._call_key(args, kwargs)
+
+        def full() -> Any:
+            return self(*args, **kwargs)
+
+        entry = self._programs.get(key)
+        if entry is None or self._via_dynamo is not None or key[2] or self.dynamic is not None or \
+                (entry.mut_targets and _mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets)):
+            return full, result
+
+        def again() -> Any:
+            entry = self._programs.get(key)
+            if entry is None or not entry.binding.refresh():
+                return full()
+            return entry.run(tensors, objs, False)
+
+        return again, result
+
+    def _call_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor], list[Any], Any]:
+        """(the program key of a call, its tensors, its other leaves, its flattening or None)."""
+        flat = None
+        if not kwargs and all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
+            # fast path (no pytree work): positional plain tensors or parameters (a compiled training step's
+            # call); keyed apart from the general path
+            tensors, objs, spec_key = list(args), [], len(args)
+        else:
+            flat = pytrees.flatten((tuple(args), dict(kwargs)))
+            tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
+        key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes(), self._modes.key())
+        return key, tensors, objs, flat
 
 
 class _Entry:

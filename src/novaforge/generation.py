@@ -19,7 +19,9 @@ encoder-decoder model (T5) gets transformers' own static cache (`cache_implement
 the encoder's output, so programs are shared per encoder length. With the default
 `DynamicCache` the cache grows every step and each length is a new program (symbolic shapes
 will lift that). transformers' own automatic `torch.compile` of the forward is switched off
-(`disable_compile=True`): novaforge already compiles it.
+(`disable_compile=True`): novaforge already compiles it. With the static cache, the decoding
+loop itself is novaforge's (decode_loop.py: one compiled call a token, processors included)
+wherever it covers the call, and transformers' otherwise (option `decode_loop=False`: always).
 
 Invariant: greedy generation produces exactly eager's tokens whenever the compiled forward
 agrees with eager's logits to rounding (the tests check token equality).
@@ -128,8 +130,10 @@ def _unslide(cache: Any, length: int) -> None:
             layers[i] = StaticLayer(max_cache_len=length)
 
 
-def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
-    """`compiled.fn.generate(*args, **kwargs)` with the compiled forward (see the module docstring)."""
+def generate(compiled: Any, args: tuple, kwargs: dict, loop: Any = None) -> Any:
+    """`compiled.fn.generate(*args, **kwargs)` with the compiled forward (see the module docstring);
+    `loop(model, compiled)`, a context manager, installs a decoding loop for the call (the entry
+    layer passes decode_loop.loop_installed)."""
     model = compiled.fn
     gen_config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
     chose_cache = ("past_key_values" in kwargs or "cache_implementation" in kwargs
@@ -150,5 +154,5 @@ def generate(compiled: Any, *args: Any, **kwargs: Any) -> Any:
             else:
                 kwargs["cache_implementation"] = "static"
     kwargs.setdefault("disable_compile", True)
-    with forward_replaced(model, compiled):
+    with forward_replaced(model, compiled), (loop(model, compiled) if loop is not None else contextlib.nullcontext()):
         return model.generate(*args, **kwargs)

@@ -42,6 +42,7 @@ class Options:
     memory_budget: float = 1.0  # training: share of the forward-to-backward bytes kept (the rest recomputed; remat.py)
     compile_only: bool = False  # build without data (set by CompiledModule.compile_only)
     generate_cache: str = "static"  # CompiledModule.generate: "static" (bucketed static KV cache) or "dynamic"
+    decode_loop: bool = True  # CompiledModule.generate: novaforge's decode loop where it applies (decode_loop.py)
     backend: str = "auto"  # the backend (the torch.compile entry point takes it as an option)
     fallback: str = "eager"  # a graph novaforge cannot compile runs eagerly (torch.compile) or through Dynamo
     # (novaforge.compile: what one traced graph cannot hold, docs/semantics.md), or "raise"
