@@ -291,7 +291,8 @@ def sample(compiled: Any, model: Any, original: Any, input_ids: torch.Tensor, lo
     run = None
     while length_now < max_length:
         if run is None:
-            run, nxt = step.bind(token, positions, mask, cache, ids, length, unfinished)
+            # (parameters are read as the loop starts: nothing changes them during one generate())
+            run, nxt = step.bind((token, positions, mask, cache, ids, length, unfinished), state_each_call=False)
         else:
             nxt = run()
         tokens.append(nxt)

@@ -154,7 +154,7 @@ def test_bind_sees_reassigned_parameters_and_inputs_updated_in_place():
     compiled = novaforge.compile(model)
     x = torch.randn(2, 8)
     with torch.no_grad():
-        again, first = compiled.bind(x)
+        again, first = compiled.bind((x,))
         assert torch.allclose(first, model(x), atol=1e-6)
         x.add_(1.0)
         assert torch.allclose(again(), model(x), atol=1e-6)
@@ -162,3 +162,5 @@ def test_bind_sees_reassigned_parameters_and_inputs_updated_in_place():
         assert torch.allclose(again(), model(x), atol=1e-6)
         out = again()
         assert out is not again()  # fresh outputs each call
+        once, _ = compiled.bind((x,), state_each_call=False)  # parameters read at the bind only
+        torch.testing.assert_close(once(), model(x))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_check import check, compile_cpu
+from cpu_check import check, compile_cpu, program
 
 
 def test_embedding_gather():
@@ -139,3 +139,45 @@ def test_take_of_a_range_is_a_view():
     assert not any(n.op == "kernel" and n.attrs["kernel"].kind == "single" for n in c.stats().graph.nodes)
     check(lambda x: x + w[torch.arange(3, 11, 2)], torch.randn(4, 5))
     check(lambda x: x + w.t()[:, torch.arange(0, 16)].t(), torch.randn(16, 5))
+
+
+@pytest.mark.parametrize("shape", [(1, 50257), (8, 1000), (3, 7, 5)])
+def test_argmax_argmin_are_generated_with_torchs_ties_and_nans(shape):
+    """argmax / argmin over one axis (any axis, through a transpose): torch's first index of the
+    extreme, ties and infinities included, the first NaN where a row has one; no torch step."""
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    x[0, 3] = x[0].max()  # a tie with the row's maximum
+    x[-1, 1] = float("nan")
+    if shape[0] > 2:
+        x[1] = 0.0  # a row of ties (and -0.0 against 0.0)
+        x[1, 0] = -0.0
+        x[2, 2] = x[2, 5] = float("inf")
+    check(lambda a: (torch.argmax(a, -1), torch.argmin(a, 1), torch.argmax(a.transpose(0, 1), 0, keepdim=True)), x)
+    check(lambda a: torch.argmax(a * 2 - 1, dim=0), x)
+
+
+def test_kv_cache_index_copy_in_place_is_generated():
+    """A mutated input's index_copy_ (a static KV cache's new rows, the source a strided view):
+    written into the caller's buffer by a generated kernel, no torch step, equal to eager; the
+    rows not indexed are untouched; an index out of range raises before anything is written."""
+    def step(cache, pos, qkv):
+        k = qkv.view(1, 3, 4, 2).permute(0, 2, 1, 3)  # [B, H, S, D] from a fused projection's slice
+        cache.index_copy_(2, pos, k)
+        return cache.sum()
+
+    cache = torch.randn(1, 4, 16, 2)
+    pos = torch.tensor([5, 6, 9])
+    qkv = torch.randn(3, 8)[:, :8]
+    want_cache = cache.clone()
+    want = step(want_cache, pos, qkv)
+    c = compile_cpu(step, cache.clone(), pos, qkv)  # (compile_cpu's own call mutates its copy)
+    got_cache = cache.clone()
+    with torch.no_grad():
+        got = c(got_cache, pos, qkv)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got_cache, want_cache)
+    assert program(c).info["torch"] == 0, program(c).info["fallbacks"]
+    with pytest.raises(IndexError), torch.no_grad():
+        c(got_cache, torch.tensor([5, 16, 1]), qkv)
+    assert torch.equal(got_cache, want_cache)

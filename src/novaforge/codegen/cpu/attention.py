@@ -165,7 +165,16 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c(f"{T}* op = out + b * {bst[-1]} + h * {head_off};")
         c(f"const int64_t qb0 = ch * {per}, qb1 = qb0 + {per} < {nqb} ? qb0 + {per} : {nqb};")
         c(f"const int64_t iend = qb1 * {BQ} < {L} ? qb1 * {BQ} : {L};")
-        c(f"const int64_t kend = {_causal_end('iend', S, causal, mask is not None)};")
+        c(f"int64_t kend = {_causal_end('iend', S, causal, mask is not None)};")
+        if mask is not None and mtype == "uint8_t":
+            # keys past the last one any row of this chunk keeps are skipped (a static KV cache's
+            # unwritten tail): they would add exp(-inf) = 0 to every row, so the result is the same
+            c.open("if (!tri)")
+            c("int64_t last = 0;")
+            c(f"for (int64_t i = qb0 * {BQ}; i < iend; i++) for (int64_t j = kend - 1; j >= last; j--) "
+              f"if (mp[i * {mask_tail[1]} + j * {mask_tail[2]}]) {{ last = j + 1; break; }}")
+            c("kend = last;")
+            c.close()
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
         if not bf16 and ks[2] == 1:  # K rows contiguous: transposed a register block at a time
             c(f"for (int64_t j0 = 0; j0 < kend; j0 += {BK}) nf_transpose_into(kp + j0 * {ks[1]}, {ks[1]}, "
@@ -194,7 +203,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         if qs[2] == 1:  # the next block's q rows into L2 while this block computes (rows are strided)
             c(f"for (int64_t r = i1; r < i1 + {BQ} && r < {L}; r++) "
               f"nf_pf_row((const char*)(qp + r * {qs[1]}), {E * (2 if bf16 else 4)}, 0);")
-        c(f"const int64_t jend = {_causal_end('i1', S, causal, mask is not None)};")
+        c(f"const int64_t jend = {_causal_end('i1', 'kend' if mask is not None else S, causal, mask is not None)};")
         c.open(f"for (int64_t j0 = 0; j0 < jend; j0 += {BK})")
         c(f"const int64_t nj = jend - j0 < {BK} ? jend - j0 : {BK};")
         c(f"const float* kt = ktb + (j0 / {BK}) * {E * BK};")

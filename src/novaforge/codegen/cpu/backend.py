@@ -73,15 +73,16 @@ class CpuBackend:
         return detect_cpu_target()
 
     def plan(self, kernel: Kernel, target: CpuTarget | None = None,
-             const_bufs: frozenset[int] = frozenset(), written_outs: frozenset[int] = frozenset()) -> KernelPlan:
+             const_bufs: frozenset[int] = frozenset(), written_outs: frozenset[int] = frozenset(),
+             inplace: str | None = None) -> KernelPlan:
         target = target or self.target()
         key = (f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}|{sorted(written_outs)}"
-               f"|{context_signature()}")
+               f"|{context_signature()}|{inplace}")
         p = self._plans.get(key)
         if p is None:
             if len(self._plans) > 4096:  # a long-running process compiling many graphs
                 self._plans.clear()
-            p = plan_kernel(kernel, target, const_bufs, written_outs)
+            p = plan_kernel(kernel, target, const_bufs, written_outs, inplace)
             self._plans[key] = p
         bad = [self._unrenderable[g.fn] for g in (p.gen, getattr(p, "anchor_gen", None))
                if g is not None and g.fn in self._unrenderable]
@@ -154,7 +155,7 @@ class CpuBackend:
             consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
             # outputs computed into a mutated input's buffer: the library never writes raw results there
             written = frozenset(j for j, s in enumerate(outs) if layout.slots[s].kind == "input")
-            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written)
+            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written, layout.inplace.get(id(n)))
             desc = _describe_plan(plan)
             if kernel.structural_key not in schedules:
                 _log_schedule.info("%s [%s]: %s", kernel.name, kernel.kind, desc)

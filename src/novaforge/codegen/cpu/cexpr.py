@@ -272,12 +272,15 @@ TEMPLATES: dict[str, str] = {
     "cat": "piecewise loads (pieces.py) or a cat kernel (singles.py)",
     "take": "a gather kernel (singles.py)", "gather": "a gather kernel (singles.py)",
     "scatter_add": "a scatter kernel (singles.py)",
+    "argmax": "an index-reduction kernel (singles.py; float32)",
+    "argmin": "an index-reduction kernel (singles.py; float32)",
     "matmul": "nf_gemm with a fused epilogue (matmul.py), or the library matmul and a generated epilogue",
     "attention": "a generated flash-attention kernel (attention.py), or the library's, with a generated epilogue",
     "attention_lse": "the generated flash-attention kernel (attention.py) storing its row logsumexp too",
     "attention_backward": "a generated flash-attention backward kernel (attention_backward.py)",
 }
-NOT_RENDERED: dict[str, str] = dict(NOT_GENERATED)  # the ops neither backend generates
+# the ops neither backend generates, less those this one has a kernel for
+NOT_RENDERED: dict[str, str] = {op: why for op, why in NOT_GENERATED.items() if op not in TEMPLATES}
 
 
 def op_expr(node: Node, args: list[str], in_dtypes: list[torch.dtype]) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ...ir import OPS, Graph, GraphInput, Kernel, Node, make_node
+from ...ir.extern import decode
 from ...ir.ops import node_flops
 from ...ir.symbolic import SymbolicDecision, hint
 from ...ir.types import TensorType
@@ -48,7 +49,7 @@ from .loops import (
 )
 from .matmul import GemmPlan, plan_gemm
 from .pieces import has_pieces, plan_pieces
-from .singles import plan_cat, plan_gather, plan_scatter_add, plan_take
+from .singles import plan_arg_reduction, plan_cat, plan_gather, plan_index_copy_inplace, plan_scatter_add, plan_take
 
 
 class PlanKind(StrEnum):
@@ -233,11 +234,15 @@ def _plan_full_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
 
 
 def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = frozenset(),
-                written_outs: frozenset[int] = frozenset()) -> KernelPlan:
+                written_outs: frozenset[int] = frozenset(), inplace: str | None = None) -> KernelPlan:
     """`const_bufs`: body inputs that are constants of the graph (frozen weights: B is packed).
     `written_outs`: body outputs stored into a mutated input's own buffer, which the epilogue
-    reads before it writes: the library must not put its raw result there first."""
+    reads before it writes: the library must not put its raw result there first. `inplace`: the
+    in-place ATen op of an extern kernel whose output is a mutated input's own buffer (the
+    backend's `_inplace_updates`); `index_copy_` is generated, the others run through torch."""
     try:
+        if inplace == "aten.index_copy_.default":
+            return KernelPlan("gen", gen=plan_index_copy_inplace(kernel, target, _extern_operands(kernel)))
         if any(gi.value.type.device != "cpu" for gi in kernel.body.inputs):
             raise Unsupported("inputs not on the CPU")
         if kernel.kind in ("pointwise", "reduction"):
@@ -258,6 +263,8 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
                 return KernelPlan("gen", gen=plan_gather(kernel, target))
             if op == "scatter_add":
                 return KernelPlan("gen", gen=plan_scatter_add(kernel, target))
+            if op in ("argmax", "argmin"):
+                return KernelPlan("gen", gen=plan_arg_reduction(kernel, target))
             if op == "attention_backward":
                 return KernelPlan("gen", gen=plan_flash_attention_backward(kernel, target))
             if op == "attention_lse":
@@ -271,6 +278,25 @@ def plan_kernel(kernel: Kernel, target: CpuTarget, const_bufs: frozenset[int] = 
         return KernelPlan("torch", reason=str(e))
     except SymbolicDecision as e:  # a choice the sizes' ranges do not settle
         return KernelPlan("torch", reason=f"symbolic sizes: {e}")
+
+
+class _Operand:
+    """The extern's i-th tensor operand in its decoded argument list."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _extern_operands(kernel: Kernel) -> tuple:
+    """The positional arguments of the kernel's one extern, each tensor as its position among
+    the extern's inputs (Unsupported for keyword arguments or tensors inside lists)."""
+    ext = [m for m in kernel.body.nodes if m.op in ("extern", "extern_effect")]
+    if len(ext) != 1:
+        raise Unsupported("not one extern")
+    args, kwargs = decode(ext[0].attrs["spec"], [_Operand(i) for i in range(len(ext[0].inputs))])
+    if kwargs or any(isinstance(a, list | tuple) for a in args):
+        raise Unsupported("extern arguments other than positional tensors and scalars")
+    return tuple(a.index if isinstance(a, _Operand) else a for a in args)
 
 
 def _stores_heads_last(body, anchor) -> bool:

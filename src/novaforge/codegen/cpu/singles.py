@@ -9,6 +9,9 @@
 
 * scatter_add(x, idx, src, axis): out = x, then each src element added at its index, the
   threads owning distinct output elements (see `plan_scatter_add`).
+* argmax / argmin over one axis (`plan_arg_reduction`: torch's first index, NaN first).
+* index_copy_ of a mutated input on its own buffer (`plan_index_copy_inplace`: a KV cache's
+  rows; the rest of the buffer is not touched).
 
 Invariant: the functions write every element of their output exactly once from the element
 torch would select (scatter_add: x's element plus, in index order, every src element scattered
@@ -352,6 +355,118 @@ class _IotaOperand:
     def __init__(self, shape: tuple) -> None:
         self.layout = Strided.contiguous(shape)
         self.dtype = torch.int64
+
+
+def plan_index_copy_inplace(kernel: Kernel, target: CpuTarget, spec_args: tuple) -> GenKernel:
+    """A mutated input's `index_copy_(dim, index, source)` on the input's own buffer (a KV
+    cache's new rows; the backend picks it only where the kernel's output is that buffer):
+    out[..., index[j], ...] = source[..., j, ...] along `dim`, nothing else written. Indices are
+    checked first: one outside [0, x.shape[dim]) makes the kernel return 1 before any write
+    (raised as an IndexError, as eager raises). `spec_args` are the extern's decoded arguments
+    with each tensor operand as its position among the extern's inputs (ints)."""
+    body = kernel.body
+    ext = next(m for m in body.nodes if m.op in ("extern", "extern_effect"))
+    if len(spec_args) != 4 or not all(isinstance(spec_args[k], int) for k in range(4)):
+        raise Unsupported("index_copy with other arguments")
+    x = operand(body, ext.inputs[spec_args[0]])
+    idx = operand(body, ext.inputs[spec_args[2]])
+    src = operand(body, ext.inputs[spec_args[3]])
+    shape = ext.inputs[spec_args[0]].type.shape
+    sshape = src.layout.shape
+    if any(not isinstance(d, int) for d in (*shape, *sshape, *idx.layout.shape)):
+        raise Unsupported("index_copy of symbolic sizes is not generated")
+    dim = spec_args[1] % len(shape) if shape else 0
+    if src.dtype != x.dtype or idx.dtype not in (torch.int64, torch.int32) or len(idx.layout.shape) > 1 \
+            or len(sshape) != len(shape) or x.layout != Strided.contiguous(shape) \
+            or sshape[dim] != math.prod(idx.layout.shape) \
+            or any(sshape[d] != shape[d] for d in range(len(shape)) if d != dim):
+        raise Unsupported("index_copy of other dtypes or shapes")
+    check_dtype(x.dtype)
+    n = sshape[dim] if shape else 0
+    ist = idx.layout.strides[0] if idx.layout.shape else 0
+    out_strides = contiguous_strides(shape)
+    numel = math.prod(sshape)
+    itemsize = TensorType((), x.dtype).itemsize
+    sched = configure(KernelShape("pointwise", outer=1, inner=hint(numel), bytes=2.0 * numel * itemsize), target)
+    name = function_name(kernel.structural_key + "|index_copy_", sched, "c")
+    n_args = len(body.inputs) + 1
+    st, it = storage_type(x.dtype), storage_type(idx.dtype)
+
+    def render() -> str:
+        code = Code()
+        code.open(f"static int {name}({signature(n_args)})")
+        code(f"const {it}* ix = (const {it}*)p{idx.buf} + {idx.layout.offset};")
+        code(f"const {st}* src = (const {st}*)p{src.buf};")
+        code(f"{st}* out = ({st}*)p{n_args - 1};  // the input's own buffer")
+        code(f"for (int64_t j = 0; j < {n}; j++) if (ix[j * {ist}] < 0 || ix[j * {ist}] >= {shape[dim]}) return 1;")
+        if numel == 0:
+            return _finish(code, "0")
+        code.open(f"for (int64_t t = 0; t < {numel}; t++)")
+        code(f"int64_t r_ = t, so = {src.layout.offset}, oo = 0;")
+        for d in range(len(sshape) - 1, -1, -1):
+            code(f"const int64_t i{d} = r_ % {sshape[d]}; r_ /= {sshape[d]};")
+            at = f"(int64_t)ix[i{d} * {ist}]" if d == dim else f"i{d}"
+            code(f"so += i{d} * {src.layout.strides[d]}; oo += {at} * {out_strides[d]};")
+        code("out[oo] = src[so];")
+        code.close()
+        return _finish(code, "0")
+
+    return GenKernel(name, n_args, render, sched, name)
+
+
+def plan_arg_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
+    """argmax / argmin over one axis, as torch: the first index of the extreme value, and the
+    first NaN's where the row has one (torch's NaN counts as the extreme). Per output element,
+    one vectorized pass finds the extreme (and whether a NaN is there), a second the first index
+    holding it; rows split over the threads when there are several."""
+    n = _node(kernel, kernel.body.nodes[-1].op)
+    if n.op not in ("argmax", "argmin") or len(n.attrs["axes"]) != 1:
+        raise Unsupported("an index reduction over several axes")
+    x = operand(kernel.body, n.inputs[0])
+    shape, strides = x.layout.shape, x.layout.strides
+    if x.dtype != torch.float32 or not shape or any(not isinstance(d, int) for d in shape):
+        raise Unsupported("argmax/argmin other than of float32 at static sizes is not generated")
+    ax = n.attrs["axes"][0] % len(shape)
+    along, sa = shape[ax], strides[ax]
+    if along == 0:
+        raise Unsupported("an index reduction over an empty axis")
+    others = [d for d in range(len(shape)) if d != ax]
+    rows = math.prod(shape[d] for d in others)
+    sched = configure(KernelShape("reduction", outer=rows, inner=along, bytes=4.0 * rows * along), target)
+    name = function_name(kernel.structural_key, sched, "r")
+    n_args = len(kernel.body.inputs) + 1
+    st = storage_type(x.dtype)
+    better = ">" if n.op == "argmax" else "<"
+    start = "-__builtin_inf()" if n.op == "argmax" else "__builtin_inf()"
+    red = "max" if n.op == "argmax" else "min"
+    par = (f"#pragma omp parallel for num_threads({sched.threads}) schedule(static)"
+           if sched.threads > 1 and rows > 1 else "")
+
+    def render() -> str:
+        code = Code()
+        code.open(f"static int {name}({signature(n_args)})")
+        code(f"const {st}* x = (const {st}*)p{x.buf};")
+        code(f"int64_t* out = (int64_t*)p{n_args - 1};")
+        if par:
+            code(par)
+        code.open(f"for (int64_t t = 0; t < {rows}; t++)")
+        code(f"int64_t r_ = t, xo = {x.layout.offset};")
+        for d in reversed(others):
+            code(f"xo += (r_ % {shape[d]}) * {strides[d]}; r_ /= {shape[d]};")
+        code(f"const {st}* xr = x + xo;")
+        code(f"{st} m = {start};")
+        code("bool nan = false;")
+        code(f"#pragma omp simd reduction({red}:m) reduction(|:nan)")
+        code(f"for (int64_t j = 0; j < {along}; j++) {{ const {st} v = xr[j * {sa}]; "
+             f"m = v {better} m ? v : m; nan |= v != v; }}")
+        code("int64_t k = 0;")
+        code(f"if (nan) {{ for (; k < {along}; k++) if (xr[k * {sa}] != xr[k * {sa}]) break; }}")
+        code(f"else {{ for (; k < {along}; k++) if (xr[k * {sa}] == m) break; }}")
+        code("out[t] = k;")
+        code.close()
+        return _finish(code, "0")
+
+    return GenKernel(name, n_args, render, sched, name)
 
 
 def _finish(code: Code, rc: str) -> str:
