@@ -455,10 +455,10 @@ def plan_arg_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
             code(f"xo += (r_ % {shape[d]}) * {strides[d]}; r_ /= {shape[d]};")
         code(f"const {st}* xr = x + xo;")
         code(f"{st} m = {start};")
-        code("bool nan = false;")
+        code("int nan = 0;  // (an int: a bool reduction keeps GCC from vectorizing the loop)")
         code(f"#pragma omp simd reduction({red}:m) reduction(|:nan)")
         code(f"for (int64_t j = 0; j < {along}; j++) {{ const {st} v = xr[j * {sa}]; "
-             f"m = v {better} m ? v : m; nan |= v != v; }}")
+             f"m = v {better} m ? v : m; nan |= (v != v); }}")
         code("int64_t k = 0;")
         code(f"if (nan) {{ for (; k < {along}; k++) if (xr[k * {sa}] != xr[k * {sa}]) break; }}")
         code(f"else {{ for (; k < {along}; k++) if (xr[k * {sa}] == m) break; }}")
