@@ -33,6 +33,7 @@ drops too). Tests compare with eager.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import threading
@@ -54,13 +55,22 @@ _STEP_INPUTS = {"input_ids", "position_ids", "attention_mask", "past_key_values"
 
 @dataclass(frozen=True)
 class Processor:
-    """One logits processor as data: `kind` and its constants."""
+    """One logits processor as data: `kind`, its constants, and its run-time value: `value`
+    (temperature, 1 - top_p, penalty) and `below` (min-length: EOS is masked while the length is
+    below it) reach the program as tensor inputs, so another temperature or prompt length runs
+    the same program. (`x / t` with a Python float t computes in float32 with t rounded to
+    float32, as with a float32 tensor t: the arithmetic is eager's.)"""
 
     kind: str  # "temperature", "top_k", "top_p", "repetition", "min_length"
     value: float = 0.0
-    keep: int = 1  # top-k / top-p: min_tokens_to_keep; min_length: the length below which EOS is masked
+    keep: int = 1  # top-k / top-p: min_tokens_to_keep
     filter_value: float = -math.inf
     eos: tuple[int, ...] = ()
+    below: int = 0
+
+    def structure(self) -> Processor:
+        """This processor without its run-time values (what a program depends on)."""
+        return dataclasses.replace(self, value=0.0, below=0)
 
 
 def _processor(p: Any) -> Processor | str:
@@ -73,7 +83,7 @@ def _processor(p: Any) -> Processor | str:
     if type(p) is lp.TopKLogitsWarper:
         return Processor("top_k", keep=int(p.top_k), filter_value=float(p.filter_value))
     if type(p) is lp.TopPLogitsWarper:
-        return Processor("top_p", float(p.top_p), int(p.min_tokens_to_keep), float(p.filter_value))
+        return Processor("top_p", 1 - float(p.top_p), int(p.min_tokens_to_keep), float(p.filter_value))
     if type(p) is lp.RepetitionPenaltyLogitsProcessor:
         ignore = getattr(p, "prompt_ignore_length", None)
         if getattr(p, "logits_indices", None) is not None or not (
@@ -87,7 +97,7 @@ def _processor(p: Any) -> Processor | str:
             below = int(p.min_length)
         else:
             below = int(p.prompt_length_to_skip) + int(p.min_new_tokens)
-        return Processor("min_length", keep=below, eos=eos)
+        return Processor("min_length", eos=eos, below=below)
     return name
 
 
@@ -108,18 +118,26 @@ class Plan:
         return dict(self.static_kwargs)
 
 
-def apply_processors(plan: Plan, scores: torch.Tensor, ids: torch.Tensor | None, length: torch.Tensor) -> torch.Tensor:
-    """The processors of `plan` on float32 scores [B, V], in transformers' order and arithmetic."""
-    for p in plan.processors:
+def processor_inputs(processors: list[Processor], device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run-time values of `processors` as the step's inputs: (float32 values, int64 limits)."""
+    return (torch.tensor([p.value for p in processors], dtype=torch.float32, device=device),
+            torch.tensor([p.below for p in processors], dtype=torch.long, device=device))
+
+
+def apply_processors(plan: Plan, scores: torch.Tensor, ids: torch.Tensor | None, length: torch.Tensor,
+                     values: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """The processors of `plan` on float32 scores [B, V], in transformers' order and arithmetic
+    (`values`, `limits`: `processor_inputs`)."""
+    for i, p in enumerate(plan.processors):
         if p.kind == "temperature":
-            scores = scores / p.value
+            scores = scores / values[i]
         elif p.kind == "top_k":
             k = min(p.keep, scores.size(-1))
             scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], p.filter_value)
         elif p.kind == "top_p":
             sorted_logits, sorted_indices = torch.sort(scores, descending=False)
             cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1 - p.value)
+            remove = cumulative <= values[i]  # (1 - top_p, rounded to float32 as eager's comparison does)
             remove[..., -p.keep:] = 0
             scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), p.filter_value)
         elif p.kind == "repetition":  # ids: prompt positions it ignores and the unwritten tail are V
@@ -128,11 +146,11 @@ def apply_processors(plan: Plan, scores: torch.Tensor, ids: torch.Tensor | None,
             padded = torch.nn.functional.pad(scores, (0, 1))
             index = ids.clamp(max=vocab)
             score = torch.gather(padded, 1, index)
-            score = torch.where(score < 0, score * p.value, score / p.value)
+            score = torch.where(score < 0, score * values[i], score / values[i])
             scores = padded.scatter(1, index, score)[..., :vocab]
         elif p.kind == "min_length":
             eos_mask = _is_any(torch.arange(scores.shape[-1], device=scores.device), p.eos)
-            scores = torch.where(eos_mask & (length < p.keep), -math.inf, scores)
+            scores = torch.where(eos_mask & (length < limits[i]), -math.inf, scores)
     return scores
 
 
@@ -154,7 +172,8 @@ class DecodeStep(torch.nn.Module):
         self.plan = plan
 
     def forward(self, token: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor, cache: Any,
-                ids: torch.Tensor | None, length: torch.Tensor, unfinished: torch.Tensor) -> torch.Tensor:
+                ids: torch.Tensor | None, length: torch.Tensor, unfinished: torch.Tensor, values: torch.Tensor,
+                limits: torch.Tensor) -> torch.Tensor:
         plan = self.plan
         kw = plan.kwargs()
         if positions is not None:
@@ -162,7 +181,7 @@ class DecodeStep(torch.nn.Module):
         with capturing():  # a forward that generate() replaced runs the model's own
             out = self.model(input_ids=token, attention_mask=mask, past_key_values=cache, **kw)
         logits = out.logits if hasattr(out, "logits") else out[0]
-        scores = apply_processors(plan, logits[:, -1].to(dtype=torch.float32), ids, length)
+        scores = apply_processors(plan, logits[:, -1].to(dtype=torch.float32), ids, length, values, limits)
         if plan.do_sample:
             nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
         else:
@@ -277,8 +296,9 @@ def sample(compiled: Any, model: Any, original: Any, input_ids: torch.Tensor, lo
     positions = step_inputs.get("position_ids")
     static = tuple(sorted((k, v) for k, v in step_inputs.items()
                           if k in ("use_cache", "logits_to_keep", "return_dict")))
-    plan = Plan(tuple(processors), bool(gc.do_sample), eos, pad, static, positions is not None,
-                any(p.kind == "repetition" for p in processors))
+    plan = Plan(tuple(p.structure() for p in processors), bool(gc.do_sample), eos, pad, static,
+                positions is not None, any(p.kind == "repetition" for p in processors))
+    values, limits = processor_inputs(processors, input_ids.device)
     token = step_inputs["input_ids"].clone()
     positions = positions.clone() if positions is not None else None
     ids = None
@@ -292,7 +312,8 @@ def sample(compiled: Any, model: Any, original: Any, input_ids: torch.Tensor, lo
     while length_now < max_length:
         if run is None:
             # (parameters are read as the loop starts: nothing changes them during one generate())
-            run, nxt = step.bind((token, positions, mask, cache, ids, length, unfinished), state_each_call=False)
+            run, nxt = step.bind((token, positions, mask, cache, ids, length, unfinished, values, limits),
+                                 state_each_call=False)
         else:
             nxt = run()
         tokens.append(nxt)

@@ -556,6 +556,17 @@ def _copies_of(args: Sequence[Any], positions: Sequence[int]) -> list[Any]:
     return out
 
 
+def _compile_id() -> str:
+    """Dynamo's id of the frame being compiled ("[0/0] "), or ""."""
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        return f"[{cid}] " if cid is not None else ""
+    except Exception:  # noqa: BLE001 - (a torch without it)
+        return ""
+
+
 def _take_donated() -> list[int]:
     """The backward's placeholders that AOTAutograd found donated (saved activations that alias
     no input, user output or gradient: `collect_bw_donated_buffer_idxs`), read from the tracing
@@ -569,10 +580,41 @@ def _take_donated() -> list[int]:
     return idxs
 
 
-def _compile_aten(options: dict[str, Any], programs: list | None = None, backward: bool = False):
+class DoubleBackwardError(RuntimeError):
+    """A backward with `create_graph=True` (double backward: a gradient penalty, a Hessian-vector
+    product) through a graph novaforge compiled: its backward program is not differentiable."""
+
+
+def _in_double_backward() -> bool:
+    """Is this backward program called by AOTAutograd's double-backward wrapper, i.e. inside a
+    backward run with `create_graph=True`? (AOTAutograd would compute the first gradients and
+    fail at the second backward with an internal message.) Read from the caller frames: the
+    wrapper's `_double_backward` is a few frames up; a torch that names it otherwise gets
+    AOTAutograd's own error, still an error."""
+    import sys
+
+    frame, depth = sys._getframe(1), 0
+    while frame is not None and depth < 16:
+        if frame.f_code.co_name == "_double_backward" and "aot_autograd" in frame.f_code.co_filename:
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
+
+
+def _double_backward_error(name: str) -> DoubleBackwardError:
+    return DoubleBackwardError(
+        f"novaforge: double backward (a backward with create_graph=True, as torch.autograd.grad(..., "
+        f"create_graph=True) for a gradient penalty or loss.backward(create_graph=True)) through {name} is not "
+        "supported: its compiled backward program is not differentiable. Run the part that needs second-order "
+        "gradients uncompiled (call the original module, or wrap it in torch.compiler.disable)")
+
+
+def _compile_aten(options: dict[str, Any], programs: list | None = None, backward: bool = False,
+                  name: str | None = None):
     """An AOTAutograd graph compiler; each compiled graph's _AtenGraphProgram is appended to
     `programs` when given (forward first, then backward). `backward`: the backward compiler,
-    which may overwrite the donated saved activations (`_take_donated`)."""
+    which may overwrite the donated saved activations (`_take_donated`); its program raises
+    DoubleBackwardError, naming `name` (or the graph), in a backward with create_graph=True."""
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
         from torch._functorch.aot_autograd import make_boxed_func
 
@@ -581,8 +623,12 @@ def _compile_aten(options: dict[str, Any], programs: list | None = None, backwar
         program = _AtenGraphProgram(gm, example_inputs, options, donated=donated)
         if programs is not None:
             programs.append(program)
+        what = name or f"the graph compiled by torch.compile(backend='novaforge') ({_compile_id()}backward: " \
+                       f"{_describe_graph(gm)})"
 
         def run(*args: Any):
+            if backward and _in_double_backward():
+                raise _double_backward_error(what)
             return program(*args)
 
         run.novaforge = program  # type: ignore[attr-defined]
@@ -609,10 +655,111 @@ def partition_for(options: Mapping[str, Any]) -> dict[str, Any]:
     return {"partition_fn": partition}
 
 
+def output_dependencies(gm: torch.fx.GraphModule, outputs: slice | None = None) -> list[int]:
+    """Per output of `gm` (the `outputs` slice of them), the placeholders it depends on, as a bit
+    mask over placeholder positions (data flow: a superset of what autograd reaches)."""
+    deps: dict[torch.fx.Node, int] = {}
+    position = 0
+    out_args: list[Any] = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            deps[n] = 1 << position
+            position += 1
+        elif n.op == "output":
+            out_args = list(torch.fx.node.map_arg(n.args[0], lambda a: a) if isinstance(n.args[0], tuple | list)
+                            else [n.args[0]])
+        else:
+            mask = 0
+            for a in n.all_input_nodes:
+                mask |= deps.get(a, 0)
+            deps[n] = mask
+    out_args = out_args[outputs] if outputs is not None else out_args
+    return [deps.get(a, 0) if isinstance(a, torch.fx.Node) else 0 for a in out_args]
+
+
+class UnreachedGrads:
+    """Keeps `.grad` None, as eager does, for a parameter that only outputs left out of the loss
+    depend on: autograd hands an autograd.Function zeros for its unused outputs (materialized
+    tangents), so AOTAutograd's backward returned a zero gradient for such a parameter (and
+    AdamW then decayed it). `deps`: per flat output, the mask of inputs it depends on; each call's
+    compiled node gets a post hook that drops the gradients of the parameters whose outputs all
+    got no gradient. Parameters every differentiable output depends on (most models: one loss)
+    cost nothing."""
+
+    def __init__(self, deps: list[int], inputs: Sequence[Any]) -> None:
+        self.risk: list[tuple[int, list[int]]] = []  # (input position, the outputs depending on it)
+        for j, x in enumerate(inputs):
+            if not (isinstance(x, torch.nn.Parameter) and x.requires_grad):
+                continue
+            outs = [i for i, mask in enumerate(deps) if mask >> j & 1]
+            if outs and len(outs) < len(deps):
+                self.risk.append((j, outs))
+
+    def params(self, inputs: Sequence[Any]) -> list[Any]:
+        """The call's parameters at the risky positions (read before a boxed call clears its inputs)."""
+        return [inputs[j] if j < len(inputs) else None for j, _ in self.risk]
+
+    def install(self, outs: Sequence[Any], params: Sequence[Any]) -> None:
+        """Hooks this call's compiled node; `params`: `self.params(inputs)`."""
+        if not self.risk:
+            return
+        node = None
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.grad_fn is not None and "CompiledFunction" in o.grad_fn.name():
+                node = o.grad_fn
+                break
+        if node is None:
+            return
+        watch: dict[int, list[int]] = {}  # id(parameter) -> output_nr of the outputs depending on it
+        for (_, deps), param in zip(self.risk, params, strict=True):
+            nrs = []
+            for i in deps:
+                o = outs[i] if i < len(outs) else None
+                if not isinstance(o, torch.Tensor) or not o.requires_grad:
+                    continue
+                if o.grad_fn is not node:  # (an alias AOTAutograd regenerated: unknown, so kept)
+                    break
+                nrs.append(o.output_nr)
+            else:
+                if param is not None:
+                    watch[id(param)] = nrs
+        if not watch:
+            return
+
+        def drop_unreached(grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
+            drop = {key for key, nrs in watch.items() if all(grad_outputs[n] is None for n in nrs)}
+            if not drop:
+                return None
+            new = list(grad_inputs)
+            for k, (fn, _) in enumerate(node.next_functions):
+                if id(getattr(fn, "variable", None)) in drop:
+                    new[k] = None
+            return tuple(new)
+
+        node.register_hook(drop_unreached)
+
+
 def novaforge_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any):
     """The function registered as Dynamo backend 'novaforge' (entry point torch_dynamo_backends)."""
     from torch._dynamo.backends.common import aot_autograd
 
     opts = dict(options.get("options") or {})
-    return aot_autograd(fw_compiler=_compile_aten(opts), bw_compiler=_compile_aten(opts, backward=True),
-                        decompositions=_decompositions(), **partition_for(opts))(gm, example_inputs)
+    compiled = aot_autograd(fw_compiler=_compile_aten(opts), bw_compiler=_compile_aten(opts, backward=True),
+                            decompositions=_decompositions(), **partition_for(opts))(gm, example_inputs)
+    n_in = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if len(example_inputs) != n_in:
+        return compiled
+    unreached = UnreachedGrads(output_dependencies(gm), example_inputs)
+    if not unreached.risk:
+        return compiled
+
+    def call(*args: Any) -> Any:  # (a boxed call passes one list of inputs, which it clears)
+        boxed = len(args) == 1 and isinstance(args[0], list)
+        params = unreached.params(args[0] if boxed else args)
+        outs = compiled(*args)
+        if torch.is_grad_enabled():
+            unreached.install(list(outs) if isinstance(outs, list | tuple) else [outs], params)
+        return outs
+
+    call.__dict__.update(compiled.__dict__)  # (its calling convention, as Dynamo reads it)
+    return call

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .dynamo import _compile_aten, _decompositions, partition_for
+from .dynamo import UnreachedGrads, _compile_aten, _decompositions, output_dependencies, partition_for
 from .frontend import pytrees
 from .frontend.capture import TRACING_LOCK, shadow_module, tensor_attributes_watched
 from .frontend.capture_fx import tracing_flags
@@ -68,9 +68,23 @@ class TrainEntry:
 
         self.programs: list[Any] = []  # the forward's and the backward's _AtenGraphProgram
         self.compiled = aot_function(fn, fw_compiler=_compile_aten(dict(options), self.programs),
-                                     bw_compiler=_compile_aten(dict(options), self.programs, backward=True),
+                                     bw_compiler=_compile_aten(dict(options), self.programs, backward=True,
+                                                                 name=f"{type(module).__name__} compiled by "
+                                                                 "novaforge.compile"),
                                      decompositions=_decompositions(), **partition_for(options))
         self._lock = threading.Lock()
+        self.unreached: UnreachedGrads | None = None  # (parameters only some outputs depend on: set at the first call)
+
+    def _unreached(self, tc: Any, inputs: list[torch.Tensor], n_outs: int) -> UnreachedGrads | None:
+        """From the first call's forward graph: the parameters whose `.grad` must stay None when
+        the outputs they feed are left out of the loss (`dynamo.UnreachedGrads`); None where
+        AOTAutograd's metadata does not say which forward outputs are the call's."""
+        meta = getattr(tc, "fw_metadata", None)
+        if meta is None or not self.programs:
+            return None
+        n_mut = meta.num_mutated_inp_runtime_indices
+        deps = output_dependencies(self.programs[0].gm, slice(n_mut, n_mut + meta.num_outputs))
+        return UnreachedGrads(deps, inputs) if len(deps) == n_outs else None
 
     def stats(self) -> Any:
         """The forward program's CompileStats (None before the first call or where it fell back)."""
@@ -89,9 +103,10 @@ class TrainEntry:
                     # them, to the backward's compiler: dynamo.py `_take_donated`)
                     from torch._subclasses.fake_tensor import FakeTensorMode
 
-                    with torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode())), \
-                            tensor_attributes_watched(self.shadow, type(self.module).__name__):
+                    tc = torch._guards.TracingContext(FakeTensorMode())
+                    with torch._guards.tracing(tc), tensor_attributes_watched(self.shadow, type(self.module).__name__):
                         outs = self.compiled(params, buffers, *tensors)
+                    self.unreached = self._unreached(tc, [*params, *buffers, *tensors], len(outs))
                 except Exception as e:
                     raise TraceFailed(f"AOTAutograd could not trace {type(self.module).__name__} for training: "
                                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
@@ -99,4 +114,6 @@ class TrainEntry:
             with self._lock:
                 outs = self.compiled(params, buffers, *tensors)
         assert self.out_spec is not None
+        if self.unreached is not None and self.unreached.risk and torch.is_grad_enabled():
+            self.unreached.install(outs, self.unreached.params([*params, *buffers, *tensors]))
         return pytrees.unflatten(self.out_spec, list(outs), inputs_objs=objs, inputs_tensors=tensors)

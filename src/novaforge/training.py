@@ -17,8 +17,11 @@ compiled by novaforge, are `TrainEntry` in train_entry.py.)
   post-hooks and sets the flag LR schedulers check; step pre-hooks are refused (they may change
   gradients the program keeps to itself).
   Gradient accumulation (`accumulate=k`): k-1 calls add into gradient buffers, the k-th also
-  updates and clears them. `model.train()` / `model.eval()` and hooks added later select a
-  program per state (`ModuleModes`), as for `novaforge.compile`.
+  updates and clears them. `model.train()` / `model.eval()` select a program per state
+  (`ModuleModes`), as for `novaforge.compile`. A model with forward / backward hooks (on it or
+  a submodule, or global) is stepped per call instead: its forward compiled by
+  `novaforge.compile` (through Dynamo, which runs the hooks at every call), then eager's
+  `loss.backward(); optimizer.step()`, so that the hooks' side effects happen at every step.
 
 Invariant: a compiled step computes exactly what eager's `loss.backward(); optimizer.step()`
 computes (torch's single-tensor formulas, in the same order), up to float rounding; the tests
@@ -186,6 +189,7 @@ class CompiledStep:
         self._norms = _norm_layers(model)  # (their running statistics: step inputs in training mode)
         self._compiled: dict[tuple, Any] = {}
         self._grad_bufs: list[torch.Tensor] | None = None
+        self._per_call: Any = None  # the model compiled per call: the step of a model with hooks (`_hooked_step`)
         self._lock = threading.RLock()
 
     # the traced function: everything the step reads is an argument, everything it writes is
@@ -256,6 +260,9 @@ class CompiledStep:
             states = _ensure_state(opt, self.kind, params, group_ids)
             self.calls += 1
             update = self.calls % self.accumulate == 0
+            modes = self._modes.key()
+            if modes and modes[0]:  # forward / backward hooks: their side effects must run at every step
+                return self._hooked_step(args, kwargs, update)
             pre_hooks, post_hooks = _step_hooks(opt)
             if update and pre_hooks:
                 raise NotImplementedError("compile_step: the optimizer has step pre-hooks (they could change the "
@@ -263,13 +270,8 @@ class CompiledStep:
             if self.accumulate > 1 and self._grad_bufs is None:
                 self._grad_bufs = [torch.zeros_like(p) for p in params]
             bnames, buffers = _updated_buffers(self._norms)
-            key = (tuple(names), tuple(hypers), tuple(group_ids), update, self._modes.key(), bnames)
+            key = (tuple(names), tuple(hypers), tuple(group_ids), update, modes, bnames)
             fn = self._compiled.get(key)
-            if fn is None and key[4] and key[4][0]:
-                logs.get_logger("runtime").warning(
-                    "compile_step: the model has %d forward / backward hook(s): their tensor results are part of the "
-                    "compiled step, but their Python side effects (features collected, statistics logged) run when "
-                    "the step is traced, not at every step", key[4][0])
             if fn is None:
                 step = self._step_fn(names, hypers, group_ids, update, [len(s) for s in states], bnames)
                 fn = api.compile(step, backend=self.backend, **self.options)
@@ -282,6 +284,37 @@ class CompiledStep:
                 for hook in post_hooks:
                     hook(opt, (), {})
             return loss
+
+    def _hooked_step(self, args: tuple, kwargs: dict, update: bool) -> torch.Tensor:
+        """The step of a model with forward / backward hooks: one traced program would run their
+        Python side effects (features collected, statistics logged) only when it is traced, so the
+        model is compiled per call (`novaforge.compile`, which runs hooked modules through Dynamo:
+        the hooks run at every call) and the backward, clipping and optimizer step run as eager's
+        `loss.backward(); optimizer.step()` (step pre- and post-hooks included)."""
+        opt = self.optimizer
+        if self._per_call is None:
+            logs.get_logger("runtime").info("compile_step: the model has forward / backward hooks; its forward is "
+                                            "compiled per call and the optimizer steps eagerly, so that the hooks "
+                                            "run at every step")
+            self._per_call = api.compile(self.model, backend=self.backend, **self.options)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self._grad_bufs is not None:  # (gradients accumulated by the compiled step before hooks were added)
+            for p, b in zip(params, self._grad_bufs, strict=False):
+                p.grad = b.clone() if p.grad is None else p.grad + b
+                b.zero_()
+        with torch.enable_grad():
+            loss = _loss(self.loss_fn, self._per_call(*args, **kwargs), args, kwargs)
+            (loss / self.accumulate if self.accumulate > 1 else loss).backward()
+        if update:
+            if self.clip is not None:
+                grads = [p.grad for p in params if p.grad is not None]
+                norm = torch.sqrt(sum((g.float() ** 2).sum() for g in grads))
+                coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
+                for g in grads:
+                    g.mul_(coef)
+            opt.step()  # (runs the step pre- and post-hooks itself)
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
     @property
     def compilations(self) -> int:

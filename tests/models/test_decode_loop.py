@@ -91,6 +91,23 @@ def test_what_the_loop_does_not_cover_runs_transformers_loop_logged(caplog):
     assert torch.equal(got, want) and not plain.__dict__.get("_decode_steps")
 
 
+def test_other_processor_values_and_prompt_lengths_share_the_decode_step():
+    """Temperature, top-p, penalty and min-new-tokens values are inputs of the step, not
+    constants: other values and another prompt length run the same decode program (one DecodeStep
+    built), with eager's tokens each time."""
+    model = _tiny_lm("llama")
+    compiled = novaforge.compile(model)
+    for length, temperature, top_p, penalty in ((12, 0.7, 0.9, 1.2), (9, 1.3, 0.6, 1.5)):
+        ids, mask = _left_padded(2, length)
+        kw = dict(attention_mask=mask, max_new_tokens=10, min_new_tokens=6, pad_token_id=0, do_sample=True,
+                  temperature=temperature, top_k=0, top_p=top_p, repetition_penalty=penalty)
+        want, got = _both(model, compiled, ids, seed=length, **kw)
+        assert torch.equal(got, want)
+    assert len(compiled._decode_steps) == 1
+    step = next(iter(compiled._decode_steps.values()))
+    assert step.compilations == 1
+
+
 def test_the_model_keeps_its_class_and_generate_works_after_an_error():
     """The class swap that installs the loop is undone after generate(), also when it raised."""
     model = _tiny_lm("llama")
@@ -139,9 +156,11 @@ def test_the_processors_as_data_equal_transformers_processors():
     procs = [lp.RepetitionPenaltyLogitsProcessor(1.4, prompt_ignore_length=pad_lengths),
              lp.MinLengthLogitsProcessor(12, eos_token_id=[3, 7]), lp.TemperatureLogitsWarper(0.7),
              lp.TopKLogitsWarper(10), lp.TopPLogitsWarper(0.8)]
-    plan = decode_loop.Plan(tuple(decode_loop._processor(p) for p in procs), True, (), 0, (), False, True)
+    data = [decode_loop._processor(p) for p in procs]
+    plan = decode_loop.Plan(tuple(p.structure() for p in data), True, (), 0, (), False, True)
     buffer = decode_loop._ids_buffer(ids, procs, 16)
-    got = decode_loop.apply_processors(plan, scores.clone(), buffer, torch.tensor([ids.shape[1]]))
+    got = decode_loop.apply_processors(plan, scores.clone(), buffer, torch.tensor([ids.shape[1]]),
+                                       *decode_loop.processor_inputs(data))
     want = lp.LogitsProcessorList(procs)(ids, scores.clone())
     assert torch.equal(got, want)
 

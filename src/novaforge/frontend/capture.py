@@ -73,6 +73,12 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict):
         kind = "data-dependent" if "data-dependent" in str(e) or "GuardOnDataDependent" in type(e).__name__ else ""
         hint = (" (control flow or shapes that depend on tensor values cannot be compiled; "
                 "move them out of the compiled region)") if kind else ""
+        from .capture_fx import op_without_fake
+
+        no_fake = op_without_fake(e)
+        if no_fake is not None:
+            hint = (f" ({no_fake} has no fake (meta) implementation: register one with "
+                    f"`@torch.library.register_fake(\"{no_fake}\")`)")
         where = user_frame(e)
         raise CaptureError(f"torch.export could not capture {type(module).__name__}{hint}"
                            f"{' at ' + where if where else ''}: {type(e).__name__}: {head}") from e

@@ -23,6 +23,7 @@ import contextlib
 import linecache
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -427,8 +428,62 @@ def _functionalize_traced(gm: torch.fx.GraphModule, example: tuple) -> torch.fx.
     def run(*xs: Any) -> Any:
         return torch.fx.Interpreter(gm).run(*xs)
 
-    fn = torch.func.functionalize(run, remove="mutations")
+    custom = _mutates_in_custom_op(gm)
+    fn = _python_functionalize(run) if custom else torch.func.functionalize(run, remove="mutations")
     return _fake_trace(fn, _pytree.tree_leaves(example), False, fx_traceback.preserve_node_meta())
+
+
+def op_without_fake(e: BaseException | None) -> str | None:
+    """The qualified name (`mylib::foo`) of the non-ATen op whose missing fake implementation
+    failed the trace, if that is what `e` (or an exception it chains from) is."""
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    for _ in range(8):
+        if e is None:
+            return None
+        op = getattr(e, "func", None) if isinstance(e, UnsupportedOperatorException) else None
+        if isinstance(op, torch._ops.OpOverload) and op.namespace not in ("aten", "prims"):
+            return op._schema.name
+        custom = re.search(r"no fake impl registered for <CustomOpDef\(([\w.]+::[\w.]+)\)>", str(e))
+        if isinstance(e, RuntimeError) and custom:  # (a torch.library.custom_op's own refusal)
+            return custom.group(1)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _mutates_in_custom_op(gm: torch.fx.GraphModule) -> bool:
+    """Whether the plain trace calls an op outside ATen that mutates its arguments (a custom op's
+    `mutates_args`)."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target.namespace not in ("aten", "prims") and n.target._schema.is_mutable
+               for n in gm.graph.nodes)
+
+
+def _python_functionalize(fn: Any) -> Any:
+    """fn functionalized by torch's Python functionalization (AOTAutograd's and torch.export's):
+    a custom op that mutates its arguments becomes `auto_functionalized_v2` (the op called on
+    copies, lowered as one extern), in-place ATen ops functional ones, and each input fn
+    mutates is written back by a trailing `copy_`, as `torch.func.functionalize` writes it."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    from torch.utils import _pytree
+
+    def unwrap(t: FunctionalTensor) -> torch.Tensor:
+        torch._sync(t)
+        return torch._from_functional_tensor(t.elem)
+
+    def inner(*args: Any) -> Any:
+        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with exclude, FunctionalTensorMode():
+            fargs = [FunctionalTensor.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+            out = _pytree.tree_map_only(FunctionalTensor, unwrap, fn(*fargs))
+            for a, fa in zip(args, fargs, strict=True):
+                if isinstance(fa, FunctionalTensor):
+                    torch._sync(fa)
+                    if torch._functionalize_has_data_mutation(fa.elem):
+                        a.copy_(torch._from_functional_tensor(fa.elem))
+        return out
+
+    return inner
 
 
 def _fake_trace(fn: Any, args: Any, stacks: bool, context: Any, symbolic: bool = False) -> torch.fx.GraphModule:
@@ -582,7 +637,9 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         # most models mutate nothing: trace once without functionalization, which is cheaper,
         # and trace again functionalized only when the graph contains in-place ops
         gm = trace(False)
-        if _has_mutation(gm):
+        if _mutates_in_custom_op(gm):  # functorch's functionalize refuses them: torch's Python one
+            gm = _functionalize_traced(gm, example)
+        elif _has_mutation(gm):
             try:
                 gm = trace(True)
             except Exception as first:
@@ -605,6 +662,13 @@ def _capture_fx(mod: torch.nn.Module, args: tuple, kwargs: dict, *, freeze: bool
         eager_exc = None if fake else _eager_error(traced, example)
         if eager_exc is not None:  # eager raises on these inputs too: raise as eager does
             raise _traced(eager_exc) from None
+        no_fake = op_without_fake(e)
+        if no_fake is not None:  # a clear refusal: Dynamo would only split the graph there
+            raise _traced(UnsupportedError(
+                f"{no_fake}{at} has no fake (meta) implementation, so novaforge cannot trace it into its graph: "
+                f"register one with `@torch.library.register_fake(\"{no_fake}\")` (a function of fake tensors "
+                "that returns outputs of the right shapes, dtypes and devices), or "
+                "`.register_fake` on a `torch.library.custom_op`")) from e
         if dd:
             raise _traced(DataDependentError(msg)) from e
         if not fake:  # eager runs these inputs, the tracer cannot: a clear refusal, not a crash

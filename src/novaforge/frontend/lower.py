@@ -26,6 +26,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, TensorType, Value
+from ..ir.extern import FUNCTIONALIZED
 from ..ir.types import DTYPE_SHORT, opmath_dtype
 from .dynamic import active_converter
 from .lower_ctx import (
@@ -165,6 +166,8 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
         result = rule(ctx, *args, **kwargs)
     elif target in COMPOSITES:
         result = _lower_decomposed(ctx, n, target, rules, COMPOSITES[target])
+    elif target is torch.ops.higher_order.auto_functionalized_v2:
+        result = _lower_functionalized(ctx, n)
     elif not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
     elif _has_decomposition(target):
@@ -175,6 +178,16 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     if target is not n.target:  # the in-place op's later readers see the new value
         ctx.env[n.args[0]] = result
     return result
+
+
+def _lower_functionalized(ctx: LowerCtx, n: torch.fx.Node) -> Any:
+    """`auto_functionalized_v2(op, **kwargs)`, functionalization's form of an op that mutates its
+    arguments (a custom op's `mutates_args`): one extern that clones the bases the op writes,
+    calls it on the clones and returns its results and the clones (ir/extern.py, `resolve`).
+    Readers of the mutated values read the clones; a mutated graph input is written back by the
+    trailing `copy_` functionalization adds."""
+    (op,) = n.args
+    return ctx.extern("mutates its arguments: called on copies", call=(f"{FUNCTIONALIZED}({op})", (), n.kwargs, op))
 
 
 def _unsupported_dtypes(val: Any) -> list[torch.dtype]:

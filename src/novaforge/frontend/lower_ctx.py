@@ -287,8 +287,9 @@ class LowerCtx:
     def axis(self, d: int, rank: int) -> int:
         return normalize_axis(d, rank)
 
-    def extern(self, reason: str = "") -> Any:
-        """Keep the current FX node as an ATen call."""
+    def extern(self, reason: str = "", *, call: tuple[str, tuple, dict, Any] | None = None) -> Any:
+        """Keep the current FX node as an ATen call; `call` = (target name, args, kwargs, op whose
+        tags count) replaces the node's own target and arguments (a functionalized custom op)."""
         n = self.fx_node
         if has_symbolic_shape(n.meta.get("val")):
             conv = active_converter()
@@ -313,10 +314,10 @@ class LowerCtx:
         else:
             types = self.out_types
         tensors: list[Value] = []
-        spec = encode((list(n.args), dict(n.kwargs)), tensors, lambda x: isinstance(x, torch.fx.Node))
+        target, args, kwargs, tagged = call or (_target_name(self.target), n.args, n.kwargs, self.target)
+        spec = encode((list(args), dict(kwargs)), tensors, lambda x: isinstance(x, torch.fx.Node))
         ins = [self.val(t) for t in tensors]
-        target = _target_name(self.target)
-        tags = getattr(self.target, "tags", ())
+        tags = getattr(tagged, "tags", ())
         effect = torch.Tag.nondeterministic_seeded in tags
         op = "extern_effect" if effect else "extern"
         node = self.emit_node(op, ins, {"target": target, "spec": spec, "out_types": tuple(types),

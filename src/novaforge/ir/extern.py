@@ -45,11 +45,23 @@ def decode(spec: Any, xs) -> Any:
 _resolved: dict[str, Any] = {}
 
 
+FUNCTIONALIZED = "auto_functionalized_v2"  # target prefix of a functionalized mutating (custom) op
+
+
 def resolve(target: str):
+    """The callable of an extern target: an op overload's qualified name (`aten.cumsum.default`),
+    or `auto_functionalized_v2(ns.op.overload)`: torch's functional form of an op that mutates
+    its arguments (it clones the bases the op writes, calls the op on the clones and returns the
+    op's results followed by the clones; its keyword arguments are the HOP node's)."""
     op = _resolved.get(target)
     if op is None:
-        ns, name, overload = target.split(".")
-        op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+        if target.startswith(FUNCTIONALIZED + "("):
+            from functools import partial
+
+            op = partial(torch.ops.higher_order.auto_functionalized_v2, resolve(target[len(FUNCTIONALIZED) + 1:-1]))
+        else:
+            ns, name, overload = target.split(".")
+            op = getattr(getattr(getattr(torch.ops, ns), name), overload)
         _resolved[target] = op
     return op
 

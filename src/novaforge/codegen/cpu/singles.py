@@ -424,8 +424,8 @@ def plan_arg_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
         raise Unsupported("an index reduction over several axes")
     x = operand(kernel.body, n.inputs[0])
     shape, strides = x.layout.shape, x.layout.strides
-    if x.dtype != torch.float32 or not shape or any(not isinstance(d, int) for d in shape):
-        raise Unsupported("argmax/argmin other than of float32 at static sizes is not generated")
+    if x.dtype not in (torch.float32, torch.bfloat16) or not shape or any(not isinstance(d, int) for d in shape):
+        raise Unsupported("argmax/argmin other than of float32 or bfloat16 at static sizes is not generated")
     ax = n.attrs["axes"][0] % len(shape)
     along, sa = shape[ax], strides[ax]
     if along == 0:
@@ -437,7 +437,7 @@ def plan_arg_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
     n_args = len(kernel.body.inputs) + 1
     st = storage_type(x.dtype)
     better = ">" if n.op == "argmax" else "<"
-    start = "-__builtin_inf()" if n.op == "argmax" else "__builtin_inf()"
+    start = "-__builtin_inff()" if n.op == "argmax" else "__builtin_inff()"
     red = "max" if n.op == "argmax" else "min"
     par = (f"#pragma omp parallel for num_threads({sched.threads}) schedule(static)"
            if sched.threads > 1 and rows > 1 else "")
@@ -454,14 +454,16 @@ def plan_arg_reduction(kernel: Kernel, target: CpuTarget) -> GenKernel:
         for d in reversed(others):
             code(f"xo += (r_ % {shape[d]}) * {strides[d]}; r_ /= {shape[d]};")
         code(f"const {st}* xr = x + xo;")
-        code(f"{st} m = {start};")
+        ld = load_expr(f"xr[j * {sa}]", x.dtype)  # (bfloat16 compares as its exact float value)
+        code(f"float m = {start};")
         code("int nan = 0;  // (an int: a bool reduction keeps GCC from vectorizing the loop)")
         code(f"#pragma omp simd reduction({red}:m) reduction(|:nan)")
-        code(f"for (int64_t j = 0; j < {along}; j++) {{ const {st} v = xr[j * {sa}]; "
-             f"m = v {better} m ? v : m; nan |= (v != v); }}")
+        code(f"for (int64_t j = 0; j < {along}; j++) {{ const float v = {ld}; m = v {better} m ? v : m; "
+             f"nan |= (v != v); }}")
         code("int64_t k = 0;")
-        code(f"if (nan) {{ for (; k < {along}; k++) if (xr[k * {sa}] != xr[k * {sa}]) break; }}")
-        code(f"else {{ for (; k < {along}; k++) if (xr[k * {sa}] == m) break; }}")
+        code(f"if (nan) {{ for (int64_t j = 0; j < {along}; j++, k++) {{ const float v = {ld}; "
+             "if (v != v) break; } }")
+        code(f"else {{ for (int64_t j = 0; j < {along}; j++, k++) if ({ld} == m) break; }}")
         code("out[t] = k;")
         code.close()
         return _finish(code, "0")
