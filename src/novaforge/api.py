@@ -44,7 +44,7 @@ from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
 from .runtime.interpret import interpret
-from .runtime.state import StateBinding, fresh_outputs, storage_ptr, write_back
+from .runtime.state import StateBinding, fresh_outputs, mutated_shares_memory, share_memory, unshared_from, write_back
 from .runtime.tiering import Tiering, build_estimate, record_build
 
 
@@ -292,7 +292,7 @@ class CompiledModule:
                                      "so that those tensors get gradients. Pass them as arguments or compile an "
                                      "nn.Module to compile the backward too")
             return self._eager(args, kwargs)
-        if entry.mut_targets and _mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets):
+        if entry.mut_targets and mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets):
             # the program mutates an input that another input (or a parameter) shares memory
             # with: its functional graph cannot see the second name change, eager can
             _log_runtime.warning("novaforge: the graph mutates an input that shares memory with another input: "
@@ -507,7 +507,7 @@ class CompiledModule:
 
         entry = self._programs.get(key)
         if entry is None or self._via_dynamo is not None or key[2] or self.dynamic is not None or \
-                (entry.mut_targets and _mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets)):
+                (entry.mut_targets and mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets)):
             return full, result
 
         def again() -> Any:
@@ -613,7 +613,7 @@ class _Entry:
             if pairs:
                 dsts = [d for d, _ in pairs]
                 with torch.no_grad():
-                    for dst, val in zip(dsts, _unshared_from([v for _, v in pairs], dsts), strict=True):
+                    for dst, val in zip(dsts, unshared_from([v for _, v in pairs], dsts), strict=True):
                         write_back(dst, val)
         if self.out_is_leaf:
             return results[0]
@@ -621,24 +621,6 @@ class _Entry:
         if isinstance(spec, pytrees.Spec):
             return pytrees.unflatten(spec, list(results), inputs_objs=objs, inputs_tensors=tensors)
         return pytree.tree_unflatten(list(results), spec)
-
-
-def _unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The new values of mutated inputs, each cloned where it shares memory with another mutated
-    input (`x0.copy_(x1); x1.relu_()`: x0's new value is x1's old one, which the write-back of
-    x1 would overwrite first); a value in its own input's buffer is written back as it is."""
-    ptr = storage_ptr
-    dst_ptrs = [ptr(d) for d in dsts]
-    count: dict[int, int] = {}
-    for q in dst_ptrs:
-        count[q] = count.get(q, 0) + 1
-    out = []
-    for k, v in enumerate(vals):
-        p = ptr(v)
-        if p and p in count and (p != dst_ptrs[k] or count[p] > 1):  # another input's memory
-            v = v.clone()
-        out.append(v)
-    return out
 
 
 AUTOMATIC_DYNAMIC_AFTER = 2  # programs of one input structure before a new size makes its dims dynamic
@@ -664,39 +646,9 @@ def _same_structure(a: tuple, b: tuple) -> bool:
 
 def _distinct(args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> tuple[tuple, dict]:
     """`args, kwargs` with tensors copied where the call's tensors share memory."""
-    if not _share_memory(tensors, []):
+    if not share_memory(tensors, []):
         return args, kwargs
     return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), (args, kwargs))
-
-
-def _share_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]) -> bool:
-    """Whether two of the call's tensors (inputs, parameters, buffers) share storage."""
-    seen: set[int] = set()
-    for t in (*tensors, *refs):
-        p = storage_ptr(t)
-        if p:
-            if p in seen:
-                return True
-            seen.add(p)
-    return False
-
-
-def _mutated_shares_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor],
-                           mutated: list[tuple[str, int]]) -> bool:
-    """Whether a tensor the program mutates shares storage with another of the call's tensors
-    (inputs, parameters, buffers). Inputs that share storage but are only read are no hazard:
-    `labels=input_ids` in a compiled training step, with its parameters updated in place."""
-    targets = set(mutated)
-    written: set[int] = set()
-    for kind, i in targets:
-        p = storage_ptr(tensors[i] if kind == "user" else refs[i])
-        if p:
-            if p in written:
-                return True
-            written.add(p)
-    others = [t for i, t in enumerate(tensors) if ("user", i) not in targets]
-    others += [t for i, t in enumerate(refs) if ("ref", i) not in targets]
-    return any(storage_ptr(t) in written for t in others)
 
 
 def _probably_cpu(backend: str, args: tuple, kwargs: dict) -> bool:

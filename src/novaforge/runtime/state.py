@@ -17,7 +17,9 @@ constants baked in at compile time). Eager reads `module.weight` at every call, 
 `fresh_outputs` keeps the other half of eager's contract: a result is a tensor of its own,
 never the caller's input, a parameter, a program-owned constant or another result, unless
 eager's result aliases the same way (those aliases are rebuilt from the call's own tensors by
-`frontend.pytrees.unflatten` and never pass through here).
+`frontend.pytrees.unflatten` and never pass through here). `share_memory`,
+`mutated_shares_memory` and `unshared_from` tell where a call's tensors share storage, for the
+caller's mutations to land as eager's do.
 
 Invariant: `StateBinding.refresh()` returns True only if every bound tensor is the module's
 current one with the program's layout (rebinding where needed), so a program never reads a
@@ -152,3 +154,51 @@ def write_back(dst: torch.Tensor, val: torch.Tensor) -> None:
                         "on its order of writes, which novaforge does not reproduce: clone the input first")
                 dst, val = dst.narrow(d, 0, 1), first
     dst.copy_(val)
+
+
+def unshared_from(vals: list[torch.Tensor], dsts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The new values of mutated inputs, each cloned where it shares memory with another mutated
+    input (`x0.copy_(x1); x1.relu_()`: x0's new value is x1's old one, which the write-back of
+    x1 would overwrite first); a value in its own input's buffer is written back as it is."""
+    ptr = storage_ptr
+    dst_ptrs = [ptr(d) for d in dsts]
+    count: dict[int, int] = {}
+    for q in dst_ptrs:
+        count[q] = count.get(q, 0) + 1
+    out = []
+    for k, v in enumerate(vals):
+        p = ptr(v)
+        if p and p in count and (p != dst_ptrs[k] or count[p] > 1):  # another input's memory
+            v = v.clone()
+        out.append(v)
+    return out
+
+
+def share_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor]) -> bool:
+    """Whether two of the call's tensors (inputs, parameters, buffers) share storage."""
+    seen: set[int] = set()
+    for t in (*tensors, *refs):
+        p = storage_ptr(t)
+        if p:
+            if p in seen:
+                return True
+            seen.add(p)
+    return False
+
+
+def mutated_shares_memory(tensors: list[torch.Tensor], refs: list[torch.Tensor],
+                           mutated: list[tuple[str, int]]) -> bool:
+    """Whether a tensor the program mutates shares storage with another of the call's tensors
+    (inputs, parameters, buffers). Inputs that share storage but are only read are no hazard:
+    `labels=input_ids` in a compiled training step, with its parameters updated in place."""
+    targets = set(mutated)
+    written: set[int] = set()
+    for kind, i in targets:
+        p = storage_ptr(tensors[i] if kind == "user" else refs[i])
+        if p:
+            if p in written:
+                return True
+            written.add(p)
+    others = [t for i, t in enumerate(tensors) if ("user", i) not in targets]
+    others += [t for i, t in enumerate(refs) if ("ref", i) not in targets]
+    return any(storage_ptr(t) in written for t in others)
