@@ -69,3 +69,45 @@ def test_machine_and_versions():
     assert m["cores_available"] >= 1 and m["cpu"]
     v = res.versions()
     assert "torch" in v and "novaforge" in v and "python" in v
+
+
+def _fake_rapl(root, packages: dict[str, tuple[int, int]]) -> None:
+    for name, (uj, wrap) in packages.items():
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "energy_uj").write_text(f"{uj}\n")
+        (d / "max_energy_range_uj").write_text(f"{wrap}\n")
+
+
+def test_rapl_reader_sums_packages_unwraps_and_skips_subdomains(tmp_path):
+    from novaforge.bench.measure import rapl_domains, rapl_energy_reader
+
+    _fake_rapl(tmp_path, {"intel-rapl:0": (1_000_000, 10_000_000), "intel-rapl:1": (9_000_000, 10_000_000),
+                          "intel-rapl:0:0": (5, 10_000_000)})  # a sub-domain (cores) is part of package 0
+    assert [p.rsplit("/", 1)[1] for p, _ in rapl_domains(str(tmp_path))] == ["intel-rapl:0", "intel-rapl:1"]
+    read = rapl_energy_reader(str(tmp_path))
+    assert read() == 0.0
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("3500000\n")  # +2.5 J
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("500000\n")  # wrapped: +1.5 J
+    assert math.isclose(read(), 4.0)
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("4000000\n")
+    assert math.isclose(read(), 4.5)
+
+
+def test_no_counter_says_so_and_estimates_nothing(tmp_path, monkeypatch):
+    from novaforge.bench import measure
+
+    assert measure.rapl_energy_reader(str(tmp_path / "absent")) is None
+    monkeypatch.setattr(measure, "POWERCAP", str(tmp_path / "absent"))
+    reader, what = measure.energy_counter("cpu")
+    assert reader is None and what.startswith("none:") and "not estimated" in what
+    _fake_rapl(tmp_path / "absent", {"intel-rapl:0": (7, 100)})
+    reader, what = measure.energy_counter("cpu")
+    assert reader is not None and what.startswith("RAPL")
+
+
+def test_table_names_the_energy_counter():
+    from novaforge.bench.table import render
+
+    text = render({"rows": [], "options": {}, "energy_counter": "none: no RAPL counter"})
+    assert "energy: none: no RAPL counter" in text

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import results as res
-from .measure import median
+from .measure import energy_counter, median
 from .runners import BASELINE, RUNNERS, expand
 from .workloads import default_dtype, default_shapes, get
 
@@ -222,6 +222,7 @@ def run(opts: Options, log: Callable[[str], None] = lambda s: print(s, file=sys.
     return {
         "date": started.isoformat(timespec="seconds"), "finished": res.now_utc().isoformat(timespec="seconds"),
         "options": asdict(opts), "machine": res.machine(),
+        "energy_counter": energy_counter(opts.device)[1],
         "gpu": next((e.get("gpu") for e in envs if e.get("gpu")), None),
         "load_avg_1min": [min(loads), max(loads)] if loads else None,
         "versions": res.versions(), "git_commit": res.git_commit(repo) if repo else None,

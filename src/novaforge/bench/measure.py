@@ -12,6 +12,7 @@ Invariant: every time in `Timing.times_ms` covers exactly one complete call; not
 from __future__ import annotations
 
 import os
+import re
 import resource
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ class Timing:
     times_ms: list[float] = field(default_factory=list)
     warmup: int = 0
     capped: bool = False  # the budget stopped the loop before `runs` calls
-    energy_j: list[float] | None = None  # joules per timed call, when NVML can tell
+    energy_j: list[float] | None = None  # joules per timed call, where a counter exists (RAPL, NVML)
 
 
 def sync_for(device: str) -> Callable[[], None]:
@@ -100,6 +101,82 @@ def nvml_energy_reader(device_index: int = 0) -> Callable[[], float | None] | No
             return None
 
     return read
+
+
+POWERCAP = "/sys/class/powercap"
+
+
+def rapl_domains(root: str | None = None) -> list[tuple[str, float]]:
+    """The package-level RAPL counters under `root` (`intel-rapl:N`, also on AMD): (folder, wrap in J).
+    Sub-domains (`intel-rapl:N:M`: cores, dram) are parts of a package and are not added again."""
+    out: list[tuple[str, float]] = []
+    root = POWERCAP if root is None else root
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        if not re.fullmatch(r"intel-rapl:\d+", name):
+            continue
+        folder = os.path.join(root, name)
+        try:
+            with open(os.path.join(folder, "energy_uj")) as f:
+                int(f.read())
+            with open(os.path.join(folder, "max_energy_range_uj")) as f:
+                wrap = int(f.read()) / 1e6
+        except (OSError, ValueError):  # unreadable (permissions): this counter does not count
+            continue
+        out.append((folder, wrap))
+    return out
+
+
+def rapl_energy_reader(root: str | None = None) -> Callable[[], float | None] | None:
+    """A function returning the CPU packages' energy in joules since its creation (RAPL), or None
+    where the machine exposes no readable counter. The counters wrap at `max_energy_range_uj`;
+    each read unwraps against the previous one, so reads must come at least once per wrap
+    period (minutes at full power), which a timing loop's start and end reads do."""
+    domains = rapl_domains(root)
+    if not domains:
+        return None
+
+    def raw() -> list[float] | None:
+        try:
+            vals = []
+            for folder, _ in domains:
+                with open(os.path.join(folder, "energy_uj")) as f:
+                    vals.append(int(f.read()) / 1e6)
+            return vals
+        except (OSError, ValueError):
+            return None
+
+    first = raw()
+    if first is None:
+        return None
+    state = {"last": first, "total": 0.0}
+
+    def read() -> float | None:
+        now = raw()
+        if now is None:
+            return None
+        for (_, wrap), a, b in zip(domains, state["last"], now, strict=True):
+            state["total"] += b - a if b >= a else b + wrap - a
+        state["last"] = now
+        return state["total"]
+
+    return read
+
+
+def energy_counter(device: str) -> tuple[Callable[[], float | None] | None, str]:
+    """The energy counter for `device` and what it is, or (None, why there is none). Nothing is
+    estimated where no counter exists."""
+    if device.startswith("cuda"):
+        reader = nvml_energy_reader(0)
+        return reader, "NVML total energy (GPU 0)" if reader else "none: NVML is not available (no pynvml or no driver support)"
+    reader = rapl_energy_reader()
+    if reader is not None:
+        return reader, f"RAPL package energy ({len(rapl_domains())} package(s), {POWERCAP})"
+    why = "not readable" if os.path.isdir(POWERCAP) else "absent"
+    return None, f"none: no RAPL counter ({POWERCAP} {why} on this machine); energy is not estimated"
 
 
 def median(xs: list[float]) -> float:

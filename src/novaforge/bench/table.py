@@ -209,6 +209,8 @@ def render(payload: dict[str, Any]) -> str:
                          f"{cores or '?'} cores): other work competed with the runners; absolute times are "
                          "inflated and OpenMP runtimes lose more than other thread pools, so even ratios can "
                          "flip: rerun on a quiet machine")
+    if payload.get("energy_counter"):
+        lines.append(f"energy: {payload['energy_counter']}")
     for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table),
                               ("generate", generate_table)):
         mine = _grouped([r for r in rows if r.get("kind") == kind])

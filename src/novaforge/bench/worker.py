@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import settings
-from .measure import current_rss_mb, nvml_energy_reader, peak_rss_mb, sync_for, time_calls
+from .measure import current_rss_mb, energy_counter, peak_rss_mb, sync_for, time_calls
 from .results import dumps
 from .runners import RUNNERS, load_runner
 from .workloads import (
@@ -249,7 +249,7 @@ def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
 
 
 def _energy(spec: dict[str, Any]):
-    return nvml_energy_reader(0) if spec["device"] == "cuda" else None
+    return energy_counter(spec["device"])[0]
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
