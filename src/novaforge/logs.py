@@ -33,7 +33,7 @@ from typing import Any
 
 from . import settings
 
-TOPICS = ("capture", "passes", "fusion", "schedule", "codegen", "cache", "runtime", "dynamo")
+TOPICS = ("capture", "passes", "fusion", "schedule", "codegen", "cache", "runtime", "dynamo", "refine")
 PROGRESS_DELAY_S = 1.0
 
 

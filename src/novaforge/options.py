@@ -52,6 +52,8 @@ class Options:
     # -- CPU backend
     pack_weights: bool = False  # keep packed copies of constant matmul weights
     profile: bool = False  # time every launch
+    refine: bool = False  # measure kernels while running, try other schedules for slow ones (codegen/cpu/refine.py)
+    refine_sample_every: int = 8  # refine: every n-th call is timed (and, while trying, run by an alternative)
     # -- Triton backend
     tf32: bool | None = None  # None: TF32 unless torch.get_float32_matmul_precision() is "highest" (as eager)
     cuda_graphs: bool = True
@@ -79,6 +81,8 @@ class Options:
         if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int | float) \
                 or not 0.0 <= self.memory_budget <= 1.0:
             raise ValueError(f"option memory_budget={self.memory_budget!r}; expected a number in [0, 1]")
+        if isinstance(self.refine_sample_every, int) and self.refine_sample_every < 1:
+            raise ValueError(f"option refine_sample_every={self.refine_sample_every!r}; expected an int >= 1")
         if self.matmul_persistent not in ("auto", "on", "off", True, False, None):
             raise ValueError(f"option matmul_persistent={self.matmul_persistent!r}; expected 'auto', 'on' or 'off'")
         if self.check is not None:  # normalized: None (unset, "" too), "0", "1" or "numerics"

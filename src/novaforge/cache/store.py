@@ -297,3 +297,8 @@ def library_cache(kind: str = "cpu") -> LibraryCache:
     if k not in _caches:
         _caches[k] = LibraryCache(root, kind)
     return _caches[k]
+
+
+# for small records kept beside the libraries (codegen/cpu/refine_store.py)
+atomic_write = _atomic_write
+file_lock = _locked

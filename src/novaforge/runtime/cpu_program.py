@@ -300,7 +300,7 @@ class CpuProgram:
         self._ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self._sizes = (ctypes.c_int64 * 1)()  # the symbols' values (programs for a range of sizes)
         self._env: list[torch.Tensor | None] = [None] * len(slots)
-        self._lock = threading.Lock()
+        self._lock: Any = threading.RLock()  # (re-entered by call_timed)
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
         self._written: list[int] = []  # positions of inputs whose buffer a kernel writes
         self._fresh: list[tuple[int, TensorType]] = []
@@ -321,6 +321,9 @@ class CpuProgram:
         self.symbolic: SymbolicLayout | None = None  # a program for a range of sizes (`at`)
         self._bucket: _Bucket | None = None  # (a program made by `at`: its bucket's arena and lock)
         self.sizes: dict[Any, int] = {}  # the symbol values of a program made by `at`
+        # decides which program serves each call while refining (codegen/cpu/refine.py): run()
+        # then goes through refiner.run(self, inputs), which calls `call_timed` on one of them
+        self.refiner: Any = None
 
     def at(self, values: Mapping[Any, int]) -> CpuProgram:
         """This program (built for symbolic sizes) at concrete symbol values: the same library
@@ -519,8 +522,36 @@ class CpuProgram:
 
     # ------------------------------------------------------------------------- call
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if self.refiner is not None:
+            return self.refiner.run(self, inputs)
+        return self.call_timed(inputs)
+
+    def call_timed(self, inputs: Sequence[torch.Tensor], launch_s: list[float] | None = None) -> list[torch.Tensor]:
+        """One call; with `launch_s` (a program whose glue has launch timers), the seconds of
+        each generated launch of this call are appended to it (the timers are on for this call
+        alone, under the program's lock)."""
         if len(inputs) != self.n_inputs:
             raise TypeError(f"compiled program takes {self.n_inputs} inputs, got {len(inputs)}")
+        if launch_s is not None:
+            with self._lock:
+                before = self._launch_totals()
+                self.lib.nf_prof_set(1)
+                try:
+                    return self._run_locked(inputs)
+                finally:
+                    self.lib.nf_prof_set(0)
+                    launch_s.extend(b - a for a, b in zip(before, self._launch_totals(), strict=True))
+        return self._run_locked(inputs)
+
+    def _launch_totals(self) -> list[float]:
+        n = len(self.info.get("launch_keys") or ())
+        if self.lib is None or not n:
+            return []
+        fn = self.lib.nf_profile
+        fn.restype = ctypes.POINTER(ctypes.c_double)
+        return fn()[:n]
+
+    def _run_locked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         with self._lock:
             shared = self._shared
             if shared is None:

@@ -19,13 +19,24 @@ per core, both derived from the target's SIMD width) and decides:
 * attention: query and key/value tile sizes so that a K and a V tile fit in L1 and the score
   tile stays in registers/L1.
 
-Invariant: `configure` is a pure function of (KernelShape, CpuTarget); schedules are frozen
-data whose `key()` enters cache keys.
+Alternatives (`candidates`): the model's choice first, then up to 3 others it ranks next by
+the same estimate (the other thread count, the loop split or not, other attention tiles, the row
+cache off). They exist for measured refinement (codegen/cpu/refine.py, `Options.refine`), which
+builds a kernel at another variant (`schedule_variant(k)`: `configure` then returns the k-th
+candidate) and keeps the faster one. Every candidate computes the same values; at most the
+order of a sum differs (thread splits of a reduction, attention's key tiles).
+
+Invariant: `configure` is a pure function of (KernelShape, CpuTarget, the variant in effect,
+0 unless `schedule_variant` says otherwise); schedules are frozen data whose `key()` enters
+cache keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
 
 from .. import settings
 from ..ir.symbolic import Sym, hint
@@ -104,7 +115,87 @@ ATTENTION_Q_TILE = 24  # query rows per block of the flash-attention forward
 ATTENTION_KV_TILE = 128  # most keys per block
 
 
+_VARIANT: ContextVar[int] = ContextVar("nf_cpu_schedule_variant", default=0)
+_RECORD: ContextVar[list | None] = ContextVar("nf_cpu_schedule_record", default=None)
+
+
+@contextmanager
+def schedule_variant(k: int, record: list | None = None) -> Iterator[None]:
+    """Within: `configure` returns its k-th candidate (the model's choice where there is no
+    k-th); with `record`, each call appends (shape, schedule, number of candidates)."""
+    tv, tr = _VARIANT.set(k), _RECORD.set(record)
+    try:
+        yield
+    finally:
+        _VARIANT.reset(tv)
+        _RECORD.reset(tr)
+
+
 def configure(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
+    k, record = _VARIANT.get(), _RECORD.get()
+    if k == 0 and record is None:
+        return _choose(shape, target)
+    alts = candidates(shape, target)
+    sched = alts[k] if k < len(alts) else alts[0]
+    if record is not None:
+        record.append((shape, sched, len(alts)))
+    return sched
+
+
+def predicted_ns(shape: KernelShape, sched: CpuSchedule, target: CpuTarget) -> float:
+    """The model's time for `shape` run with `sched`: the single-thread estimate shared by its
+    threads, plus a fork/join where there is more than one."""
+    est = estimate_ns(shape, target)
+    return est / max(1, sched.threads) + (FORK_NS if sched.threads > 1 else 0.0)
+
+
+def candidates(shape: KernelShape, target: CpuTarget) -> list[CpuSchedule]:
+    """The model's choice, then up to 3 distinct alternatives ranked by `predicted_ns` (ties:
+    the order below). All are valid schedules of the same loop nest."""
+    first = _choose(shape, target)
+    T, vec = target.threads, target.vector_floats
+    alts: list[CpuSchedule] = []
+    if T > 1:  # the other side of the thread decision
+        if first.threads > 1:
+            alts.append(replace(first, threads=1, block=0))
+        elif shape.outer >= 2 or shape.kind == "pointwise":
+            split = _split_block(shape, T, vec) if shape.kind == "pointwise" and shape.outer < 2 else 0
+            if shape.outer >= 2 or split:
+                alts.append(replace(first, threads=T, block=split))
+    if first.kind == "pointwise" and T > 1 and first.threads > 1:
+        if first.block:
+            if shape.outer >= 2:
+                alts.append(replace(first, block=0))
+            finer = _split_block(shape, 2 * T, vec)
+            if finer and finer != first.block:
+                alts.append(replace(first, block=finer))
+        elif shape.inner >= 8 * vec * T:
+            alts.append(replace(first, block=_split_block(shape, T, vec)))
+    if first.kind == "reduction" and first.order == "row" and first.row_cache:
+        alts.append(replace(first, row_cache=0))
+    if first.kind == "attention":
+        step = 2 * vec
+        for q, kv in ((16, 64), (24, 64), (12, 128)):
+            q = max(1, min(q, shape.q_len))
+            kv = max(step, min(kv // step * step, -(-max(shape.kv_len, 1) // step) * step))
+            alts.append(replace(first, q_tile=q, kv_tile=kv))
+    seen = {first}
+    unique = [s for s in alts if not (s in seen or seen.add(s))]
+    unique.sort(key=lambda s: predicted_ns(shape, s, target))
+    return [first] + unique[:3]
+
+
+def _split_block(shape: KernelShape, parts_per_thread: int, vec: int) -> int:
+    """A block of the innermost loop giving each thread `parts_per_thread` parts (0: too short)."""
+    nblocks = 4 * parts_per_thread
+    if shape.inner < nblocks * vec:
+        return 0
+    block = -(-shape.inner // nblocks)
+    return -(-block // vec) * vec
+
+
+def _choose(shape: KernelShape, target: CpuTarget) -> CpuSchedule:
+    """The model's schedule (`configure` without a variant)."""
     vec = target.vector_floats
     est = estimate_ns(shape, target)
     if shape.kind == "attention":

@@ -122,3 +122,54 @@ class NovaforgeDynamicCacheRunner:
 
 class NovaforgePackedRunner(NovaforgeRunner):
     options = {"pack_weights": True}
+
+
+class NovaforgeRefineRunner(NovaforgeRunner):
+    """`novaforge.compile(model, freeze=True, refine=True)`: after the first call (setup), up to
+    REFINE_CALLS untimed calls let refinement measure, try and swap schedules (codegen/cpu/
+    refine.py; its background builds are joined, so the count does not depend on the machine's
+    speed); each of their results is compared with the first call's. The timed calls then run
+    the refined program. The next process of the case finds the stored choices in the shared
+    cache and starts with them (its `early_ms`: calls 2-9, before any refinement)."""
+
+    options = {"refine": True}
+    REFINE_CALLS = 300
+
+    def inference(self, model: torch.nn.Module, inputs: tuple, ctx: RunContext) -> Prepared:
+        import time
+
+        import novaforge
+
+        from ...codegen.cpu.refine import close, wait_idle
+        from .base import main_tensor
+
+        compiled = novaforge.compile(model, freeze=True, backend=ctx.nf_backend, **self.options)
+
+        def call() -> Any:
+            with torch.no_grad():
+                return compiled(*inputs)
+
+        def refine() -> dict[str, Any]:
+            first = main_tensor(call()).clone()
+            early, wrong, calls = [], 0, 1
+            refiner = getattr(compiled.stats().program, "refiner", None)
+            while calls < self.REFINE_CALLS:
+                t0 = time.perf_counter()
+                out = main_tensor(call())
+                if calls < 9:
+                    early.append((time.perf_counter() - t0) * 1e3)
+                calls += 1
+                wrong += bool(close([out], [first]))
+                wait_idle(compiled.stats().program)
+                if refiner is None or refiner.phase == "done":
+                    break
+            info = {**_metrics_of(compiled), "early_ms": early, "refine_calls": calls, "wrong_results": wrong}
+            if refiner is not None:
+                info["refine"] = {"phase": refiner.phase, "events": refiner.events,
+                                  "kernels": [{"label": r.label, "predicted_us": r.predicted_ns / 1e3,
+                                               "measured_us": r.measured_ns / 1e3, "kept": r.kept,
+                                               "tried_us": {v: ns / 1e3 for v, ns in r.tried.items()}, "note": r.note}
+                                              for r in refiner.rows() if r.tried or r.note.startswith("decided")]}
+            return info
+
+        return Prepared(call, info={"backend_requested": ctx.nf_backend}, after_first=refine)

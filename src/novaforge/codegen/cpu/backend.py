@@ -36,12 +36,14 @@ from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
 from ...runtime.state import version_of
+from ...schedule.cpu import predicted_ns, schedule_variant
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..inplace_updates import mutated_input_uses, pointwise_updates
 from ..sources import sources_digest
 from .analysis import Unsupported
 from .build import compile_flags, compile_library, compiler, compiler_version
 from .kernels import KernelPlan, plan_kernel
+from .refine_store import stored_variants
 from .loops import GenKernel
 
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
@@ -74,15 +76,21 @@ class CpuBackend:
 
     def plan(self, kernel: Kernel, target: CpuTarget | None = None,
              const_bufs: frozenset[int] = frozenset(), written_outs: frozenset[int] = frozenset(),
-             inplace: str | None = None) -> KernelPlan:
+             inplace: str | None = None, variant: int = 0) -> KernelPlan:
+        """How `kernel` runs; `variant` k > 0: with the configurator's k-th schedule candidate
+        (refinement, schedule/cpu.py `candidates`)."""
         target = target or self.target()
         key = (f"{kernel.structural_key}|{target.key()}|{sorted(const_bufs)}|{sorted(written_outs)}"
-               f"|{context_signature()}|{inplace}")
+               f"|{context_signature()}|{inplace}|{variant}")
         p = self._plans.get(key)
         if p is None:
             if len(self._plans) > 4096:  # a long-running process compiling many graphs
                 self._plans.clear()
-            p = plan_kernel(kernel, target, const_bufs, written_outs, inplace)
+            record: list = []
+            with schedule_variant(variant, record):
+                p = plan_kernel(kernel, target, const_bufs, written_outs, inplace)
+            p.predicted_ns = sum(predicted_ns(shape, sched, target) for shape, sched, _ in record)
+            p.variants = max((n for _, _, n in record), default=1)
             self._plans[key] = p
         bad = [self._unrenderable[g.fn] for g in (p.gen, getattr(p, "anchor_gen", None))
                if g is not None and g.fn in self._unrenderable]
@@ -97,22 +105,32 @@ class CpuBackend:
         return backend_hash()
 
     # -------------------------------------------------------------------------- build
-    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None) -> CpuProgram:
+    def build(self, graph: Graph, options: Options | dict[str, Any] | None = None,
+              variants: dict[str, int] | None = None) -> CpuProgram:
         """The program for `graph`. A kernel whose source turns out not to be renderable (an op
         form the analysis accepted but the C++ renderer cannot express) runs through torch:
-        the build is redone without it, so such a kernel never fails the compile."""
+        the build is redone without it, so such a kernel never fails the compile. `variants`:
+        kernel structural key -> schedule variant (refinement; the others: variant 0, or with
+        `options.refine` the variant refinement stored for them)."""
         options = Options.of(options)
         if is_symbolic([gi.value.type for gi in graph.inputs]) and not context_signature():
             raise ValueError("a graph with symbolic sizes is built inside its symbol table's ranges_context()")
         for _ in range(8):
             try:
-                return self._build(graph, options)
+                program = self._build(graph, options, variants)
+                break
             except _Unrenderable as e:
                 _log_codegen.info("cpu: %s cannot be generated (%s); it runs through torch", e.fn, e.reason)
                 self._unrenderable[e.fn] = f"not generated: {e.reason}"
-        return self._build(graph, options)
+        else:
+            program = self._build(graph, options, variants)
+        if options.refine and variants is None:
+            from .refine import attach
 
-    def _build(self, graph: Graph, options: Options) -> CpuProgram:
+            attach(self, graph, options, program)
+        return program
+
+    def _build(self, graph: Graph, options: Options, variants: dict[str, int] | None = None) -> CpuProgram:
         t0 = time.perf_counter()
         target = self.target()
         layout = _Layout(graph, inplace=options.inplace)
@@ -124,8 +142,12 @@ class CpuBackend:
         counts = {"generated": 0, "gemm": 0, "library": 0, "torch": 0}
         use_packing = options.pack_weights
         profile = options.profile
+        timers = profile or options.refine  # launch timers in the glue (refinement switches them on per call)
+        stored = stored_variants(target) if options.refine else {}
         launch_labels: list[str] = []
         launch_kernels: list[int] = []  # per generated launch: the kernel's ordinal (profiling)
+        launch_keys: list[str] = []  # per generated launch: the kernel's structural key (refinement)
+        kernel_plans: dict[str, tuple[float, int, int]] = {}  # structural key -> (predicted ns, variants, variant)
         fallbacks: list[str] = []
         schedules: dict[str, str] = {}  # kernel structural key -> how it runs (for explain)
         per_kernel = check_numerics.enabled(options)  # one entry point per kernel, observed (numerics check)
@@ -155,7 +177,14 @@ class CpuBackend:
             consts = frozenset(i for i, s in enumerate(ins) if layout.slots[s].kind == "const")
             # outputs computed into a mutated input's buffer: the library never writes raw results there
             written = frozenset(j for j, s in enumerate(outs) if layout.slots[s].kind == "input")
-            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written, layout.inplace.get(id(n)))
+            skey = kernel.structural_key
+            variant = (variants or {}).get(skey, stored.get(skey, 0))
+            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written, layout.inplace.get(id(n)),
+                             variant)
+            refinable = plan.kind == "gen" or (plan.kind == "attention" and plan.anchor_gen is not None
+                                               and plan.gen is None)
+            if refinable:
+                kernel_plans[skey] = (plan.predicted_ns, plan.variants, variant)
             desc = _describe_plan(plan)
             if kernel.structural_key not in schedules:
                 _log_schedule.info("%s [%s]: %s", kernel.name, kernel.kind, desc)
@@ -179,6 +208,7 @@ class CpuBackend:
                 launch(plan.gen.fn, args)
                 launch_labels.append(kernel.name)
                 launch_kernels.append(ordinal)
+                launch_keys.append(skey)
                 counts["generated"] += 1
                 counts["gemm"] += 1
             elif plan.kind == "gen":
@@ -187,6 +217,7 @@ class CpuBackend:
                 launch(plan.gen.fn, ins + outs)
                 launch_labels.append(kernel.name)
                 launch_kernels.append(ordinal)
+                launch_keys.append(skey)
                 counts["generated"] += 1
             elif plan.kind in ("matmul", "attention"):
                 assert plan.anchor_type is not None
@@ -201,6 +232,7 @@ class CpuBackend:
                     launch(plan.anchor_gen.fn, [dst] + ins + outs)
                     launch_labels.append(kernel.name)
                     launch_kernels.append(ordinal)
+                    launch_keys.append(skey)
                     counts["generated"] += 1
                 else:
                     flush()
@@ -215,6 +247,7 @@ class CpuBackend:
                     launch(plan.gen.fn, [dst] + ins + outs)
                     launch_labels.append(kernel.name + " (epilogue)")
                     launch_kernels.append(ordinal)
+                    launch_keys.append(skey)
                     counts["generated"] += 1
             else:
                 flush()
@@ -233,12 +266,14 @@ class CpuBackend:
         t1 = time.perf_counter()
         lib, how, key = (None, "none", "")
         if segments:
-            lib, how, key = self._library(target, gens, segments, uses_gemm=counts["gemm"] > 0, profile=profile)
+            lib, how, key = self._library(target, gens, segments, uses_gemm=counts["gemm"] > 0, profile=timers,
+                                          timers_on=profile)
         t2 = time.perf_counter()
         src_dir = str(library_cache("cpu").entry_dir(key) / "src") if key else ""
         info = {"library_key": key, "cache": how, "source_dir": src_dir, "plan_s": t1 - t0, "library_s": t2 - t1,
                 "unique_functions": len(gens), "segments": len(segments), "fallbacks": fallbacks, **counts,
-                "launch_labels": launch_labels if profile else [], "launch_kernels": launch_kernels if profile else [],
+                "launch_labels": launch_labels if timers else [], "launch_kernels": launch_kernels if timers else [],
+                "launch_keys": launch_keys if timers else [], "kernel_plans": kernel_plans if timers else {},
                 "profile": profile,
                 "target": target.describe()}
         program = CpuProgram(lib, layout.slots, steps, outputs, layout.n_inputs, layout.total_bytes, info)
@@ -256,8 +291,8 @@ class CpuBackend:
 
     def _library(self, target: CpuTarget, gens: dict[str, GenKernel],
                  segments: list[tuple[str, list[tuple[str, list[int]]]]],
-                 uses_gemm: bool, profile: bool = False) -> tuple[ctypes.CDLL, str, str]:
-        glue = _glue(gens, segments, profile)
+                 uses_gemm: bool, profile: bool = False, timers_on: bool = True) -> tuple[ctypes.CDLL, str, str]:
+        glue = _glue(gens, segments, profile, timers_on)
         cxx = compiler()
         extra, link, gemm_key = ["-fvisibility=hidden"], [], ""
         if uses_gemm:
@@ -295,17 +330,20 @@ class CpuBackend:
 
 
 def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]],
-          profile: bool = False) -> str:
+          profile: bool = False, timers_on: bool = True) -> str:
     """Entry points `nf_seg_<i>(void** slots, const int64_t* sizes)` (the symbols' values of
-    the call, see loops.signature); with `profile`, each call's wall time is added to
-    `nf_prof[launch]` (read with `nf_profile()`)."""
+    the call, see loops.signature); with `profile`, while the timers are on (`timers_on` at
+    load, then `nf_prof_set(on)`), each call's wall time is added to `nf_prof[launch]` (read
+    with `nf_profile()`)."""
     lines = ["#include <omp.h>"] if profile else []
     for fn, g in sorted(gens.items()):
         lines.append(f'extern "C" int {fn}({", ".join(["void*"] * g.n_args + ["const int64_t*"])});')
     n_launch = sum(len(c) for _, c in segments)
     if profile:
         lines.append(f"static double nf_prof[{max(n_launch, 1)}];")
+        lines.append(f"static int nf_prof_on = {int(timers_on)};")
         lines.append(f"{EXPORT} double* nf_profile() {{ return nf_prof; }}")
+        lines.append(f"{EXPORT} void nf_prof_set(int on) {{ nf_prof_on = on; }}")
     k = 0
     for name, calls in segments:
         lines.append(f"{EXPORT} int {name}(void** s, const int64_t* nf_sym) {{")
@@ -313,8 +351,9 @@ def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, 
         for i, (fn, args) in enumerate(calls):  # a failing launch returns its position + 1 (StepSpec.sites)
             call = f"{fn}({', '.join([f's[{a}]' for a in args] + ['nf_sym'])})"
             if profile:
-                lines.append(f"  {{ double t0 = omp_get_wtime(); rc = {call}; nf_prof[{k}] += omp_get_wtime() - t0; "
-                             f"if (rc) return {i + 1}; }}")
+                lines.append(f"  if (nf_prof_on) {{ double t0 = omp_get_wtime(); rc = {call}; "
+                             f"nf_prof[{k}] += omp_get_wtime() - t0; if (rc) return {i + 1}; }}")
+                lines.append(f"  else if ((rc = {call})) return {i + 1};")
             else:
                 lines.append(f"  if ((rc = {call})) return {i + 1};")
             k += 1

@@ -72,6 +72,9 @@ class KernelPlan:
     reason: str = ""
     gemm: GemmPlan | None = None
     anchor_gen: GenKernel | None = None  # a generated anchor (flash attention) writing the anchor buffer
+    # (set by the backend from the configurator's calls: what refinement compares and varies)
+    predicted_ns: float = 0.0  # the model's time of the generated functions
+    variants: int = 1  # schedule candidates of its most varied configure call (1: nothing to vary)
 
     def __post_init__(self) -> None:
         self.kind = PlanKind(self.kind)
