@@ -13,7 +13,7 @@ layer 5); the package root `novaforge` (its `__init__`) is named exactly.
     5 cache    cache (the optimized-graph cache, `novaforge cache`)         closed
     6 entry    novaforge (root), __main__, api, compiled_module,            open
                compile_stats, dynamo, train_entry, training, generation, decode_loop,
-               report, bench, cli, fuzz, bisect
+               report, bench, cli, fuzz, bisect, user_kernels
 
 An import a -> b is legal when b's layer is below a's, or a and b are in the same unit: one prefix
 of a closed layer (both in `novaforge.frontend`), or anywhere in an open layer. So capture,
@@ -49,7 +49,8 @@ LAYERS: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
     ("codegen", False, ("codegen",)),
     ("cache", False, ("cache",)),
     ("entry", True, ("", "__main__", "api", "compiled_module", "compile_stats", "dynamo", "train_entry", "training",
-                     "generation", "decode_loop", "report", "bench", "cli", "fuzz", "bisect", "quantize")),
+                     "generation", "decode_loop", "report", "bench", "cli", "fuzz", "bisect", "quantize",
+                     "distributed", "user_kernels")),
 )
 
 # cycles known and owned elsewhere: each is the set of modules of one cycle, with why it is here.

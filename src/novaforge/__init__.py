@@ -17,10 +17,11 @@ from .frontend.capture import CaptureError
 from .frontend.lower import UnsupportedError
 from .quantize import quantize  # novaforge.quantize(model, "int8-weight" | "int8-dynamic"): torchao, one line
 from .training import compile_step
+from .user_kernels import register_kernel, unregister_kernel  # a kernel of the user's for a pattern
 from .version import __version__
 
 __all__ = ["CaptureError", "CompiledModule", "UnsupportedError", "__version__", "bisect", "compile", "compile_step",
-           "explain", "quantize", "report"]
+           "explain", "quantize", "register_kernel", "report", "unregister_kernel"]
 
 
 def _register_dynamo_backend() -> None:

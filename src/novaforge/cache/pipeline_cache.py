@@ -76,6 +76,10 @@ def key_for(captured: Any, state_names: set[str], options: Any, backend: Any, ta
     parts = [f"novaforge-optimized-{FORMAT}", captured.cache_key, _sources(), json.dumps(fields, sort_keys=True),
              str(getattr(backend, "name", type(backend).__name__)), backend.hash() if backend is not None else "",
              target_text, f"check={settings.check_mode()}"]
+    from ..passes.user_kernels import registry_digest
+
+    if registry_digest():  # (novaforge.register_kernel: the registered kernels decide matches)
+        parts.append(f"user_kernels={registry_digest()}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

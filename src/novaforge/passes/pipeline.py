@@ -70,6 +70,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
     from .recognize_int8_weights import recognize_int8_weights
     from .remat import remat
     from .split_reductions import split_reductions
+    from .user_kernels import user_kernels
 
     return [
         ("dce", dce),
@@ -84,6 +85,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
         ("hoist_size_only", hoist_size_only),  # (symbolic graphs only)
         ("remat", remat),
         ("split_reductions", split_reductions),  # (Triton only)
+        ("user_kernels", user_kernels),  # (novaforge.register_kernel: a match whose kernel wins)
         ("dce", dce),
     ]
 

@@ -26,6 +26,11 @@ class Report:
         text = format_report(self.stats, self.metrics, self.max_kernels)
         if self.profile:
             text += "\n\n-- where the time went (measured) --\n" + self.profile
+        refiner = getattr(getattr(self.stats, "program", None), "refiner", None)
+        if refiner is not None:
+            from .refinement import format_refinement
+
+            text += "\n\n-- refinement (measured) --\n" + format_refinement(refiner)
         return text
 
     def summary(self) -> str:
@@ -122,6 +127,7 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
         for (target, reason), c in counts.items():
             lines.append(f"{c:>4} x {target}: {reason}")
     lines.append("")
+    lines += user_kernel_lines(stats.graph)
     plan = stats.graph.meta.memory_plan
     lines.append("-- memory plan --")
     lines.append(plan.summary() if plan is not None else "none")
@@ -132,3 +138,19 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
                  f"({', '.join(f'{k} {v}' for k, v in m['kernels_by_kind'].items())}); "
                  f"device transitions {m['transitions']}")
     return "\n".join(lines)
+
+
+def user_kernel_lines(graph: Any) -> list[str]:
+    """The section naming the user's kernels (novaforge.register_kernel) the program calls, if any."""
+    from ..passes.user_kernels import is_user_target
+
+    counts: OrderedDict[str, int] = OrderedDict()
+    for n in graph.nodes:
+        body = n.attrs["kernel"].body.nodes if n.op == "kernel" else [n]
+        for m in body:
+            if m.op == "extern" and is_user_target(m.attrs["target"]):
+                counts[m.attrs["reason"]] = counts.get(m.attrs["reason"], 0) + 1
+    if not counts:
+        return []
+    return ["-- user kernels (novaforge.register_kernel: the user's, not generated) --",
+            *(f"{c:>4} x {reason}" for reason, c in counts.items()), ""]

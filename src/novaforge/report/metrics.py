@@ -45,6 +45,8 @@ def touched_bytes(node: Node) -> int:
 
 
 def kernel_rows(graph: Graph) -> list[dict[str, Any]]:
+    from ..passes.user_kernels import user_kernel_name
+
     placement = graph.meta.placement or {}
     rows = []
     for n in graph.nodes:
@@ -58,8 +60,9 @@ def kernel_rows(graph: Graph) -> list[dict[str, Any]]:
                 continue
             flops += node_flops(bn.op, [v.type for v in bn.inputs], [o.type for o in bn.outputs], bn.attrs)
         bytes_moved = touched_bytes(n)
+        user = user_kernel_name(k.body)  # (novaforge.register_kernel: marked as the user's)
         rows.append({
-            "name": k.name,
+            "name": k.name if user is None else f"user:{user}",
             "kind": k.kind,
             "ops": [bn.op for bn in k.body.nodes if not (OPS[bn.op].has("view") or OPS[bn.op].has("generator"))],
             "executor": placement.get(n, "?"),

@@ -181,7 +181,20 @@ def summary() -> str:
         "core ops that become externs: " + ", ".join(op.removeprefix("aten.") for op in externs),
         "full table: novaforge ops --markdown (docs/ops.md)",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + user_kernels_lines())
+
+
+def user_kernels_lines() -> list[str]:
+    """The kernels registered with novaforge.register_kernel (docs/user-kernels.md), marked as the user's."""
+    from ..user_kernels import registered_kernels
+
+    ks = registered_kernels()
+    if not ks:
+        return ["user kernels: none registered (novaforge.register_kernel; `novaforge ops --import MODULE` "
+                "imports a module that registers some)"]
+    return [f"user kernels: {len(ks)} registered (the user's, used where they match and cost less)"] + [
+        f"  user:{k.name}  {k.language}  pattern {k.pattern_text}  cost {k.cost_text}  op {k.target}  "
+        f"calls {k.calls}" for k in ks]
 
 
 _GROUPS = {"Elementwise, creation and copies": ("lower_elementwise", "elementwise", "generators"),
@@ -313,7 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print docs/ops.md (the full table)")
     parser.add_argument("--backends", action="store_true",
                         help="print the IR op x backend matrix (yes, or no: reason) as markdown")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (one that registers user kernels: novaforge.register_kernel)")
     args = parser.parse_args(argv)
+    if args.imports:
+        import importlib
+
+        for mod in args.imports:
+            importlib.import_module(mod)
     if args.backends:
         print(backends_markdown())
     else:
