@@ -26,7 +26,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from ..ir import Graph, GraphInput, TensorType, Value
-from ..ir.extern import FUNCTIONALIZED
+from ..ir.extern import FUNCTIONALIZED, USER_TRITON, encode, user_triton_key
 from ..ir.types import DTYPE_SHORT, opmath_dtype
 from .dynamic import active_converter
 from .lower_ctx import (
@@ -73,7 +73,7 @@ def lower_fx(
             if conv is not None and isinstance(ph.meta.get("val"), torch.SymInt):
                 ctx.env[ph] = conv.dim(ph.meta["val"])  # a size argument of a symbolic graph
                 continue
-            if ph.users:
+            if any(u.op != "output" for u in ph.users):  # (returned as it came: the caller's business)
                 raise UnsupportedError(f"input {ph.name}: non-tensor graph inputs are not supported")
             continue
         bad = _unsupported_dtypes(ph.meta.get("val"))
@@ -135,7 +135,7 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
     ctx.fx_node = n
     if n.target is operator.getitem:
         seq, idx = n.args
-        return ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple) else None
+        return ctx.env[seq][idx] if isinstance(ctx.env[seq], list | tuple | dict) else None  # (dict: a user kernel's)
     size = _size_value(n)
     if size is not None:  # symbolic capture: a size computation is an IR dim, not a node
         return size
@@ -168,10 +168,14 @@ def _lower_call(ctx: LowerCtx, n: torch.fx.Node, rules: dict[Any, Any]) -> Any:
         result = _lower_decomposed(ctx, n, target, rules, COMPOSITES[target])
     elif target is torch.ops.higher_order.auto_functionalized_v2:
         result = _lower_functionalized(ctx, n)
+    elif getattr(target, "__name__", None) in _USER_TRITON_HOPS:
+        result = _lower_user_triton(ctx, n)
     elif not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedError(ctx.describe("is not an ATen operator; cannot compile it"))
     elif _has_decomposition(target):
         result = _lower_decomposed(ctx, n, target, rules)
+    elif (triton_op := _triton_op_decomposition(n, target)) is not None:
+        result = _lower_decomposed(ctx, n, target, rules, triton_op, cache=False)  # (kernel ids: per trace)
     else:
         result = ctx.extern()
     _check_result(ctx, n, result)
@@ -188,6 +192,94 @@ def _lower_functionalized(ctx: LowerCtx, n: torch.fx.Node) -> Any:
     trailing `copy_` functionalization adds."""
     (op,) = n.args
     return ctx.extern("mutates its arguments: called on copies", call=(f"{FUNCTIONALIZED}({op})", (), n.kwargs, op))
+
+
+_USER_TRITON_HOPS = ("triton_kernel_wrapper_functional", "triton_kernel_wrapper_mutation")
+
+
+def _lower_user_triton(ctx: LowerCtx, n: torch.fx.Node) -> dict[str, Value]:
+    """`triton_kernel_wrapper_functional(kernel_idx, constant_args_idx, grid, kwargs,
+    tensors_to_clone)`, torch's functional form of a user `@triton.jit` launch (Dynamo's capture
+    of `kernel[grid](...)`, or a `triton_op`'s body): one `user_triton` extern (ir/extern.py)
+    returning the copies of `tensors_to_clone` the kernel wrote, by argument name. Its grid is
+    the one the trace evaluated (a `lambda meta: ...` already called on the meta-parameters),
+    its arguments as written. What the launch cannot reproduce exactly raises UnsupportedError
+    naming the kernel: an autotuned kernel, several grids, TMA descriptors, symbolic sizes, a
+    tensor argument that is a strided view or a view into a larger tensor (the kernel computes
+    addresses from eager's pointer and strides; novaforge passes each tensor as a contiguous
+    buffer of its own), or an argument of another type."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    kw = n.kwargs
+    if getattr(n.target, "__name__", "") == "triton_kernel_wrapper_mutation" or "tensors_to_clone" not in kw:
+        raise UnsupportedError(ctx.describe("a user Triton kernel launch that was not functionalized"))
+    kernel = kernel_side_table.get_kernel(kw["kernel_idx"])
+    name = getattr(getattr(kernel, "fn", None), "__name__", type(kernel).__name__)
+
+    def refuse(why: str) -> UnsupportedError:
+        return UnsupportedError(ctx.describe(f"user Triton kernel {name}: {why}"))
+
+    if not (hasattr(kernel, "fn") and hasattr(kernel, "src") and hasattr(kernel, "arg_names")):
+        raise refuse(f"a {type(kernel).__name__} (triton.autotune / triton.heuristics) is not supported yet; "
+                     "launch the @triton.jit kernel with its meta-parameters")
+    if kw.get("tma_descriptor_metadata"):
+        raise refuse("TMA descriptor arguments are not supported")
+    grids = list(kw["grid"])
+    if len(grids) != 1 or not all(type(g) is int for g in grids[0]):
+        raise refuse(f"grid {grids} is not one tuple of static ints (symbolic sizes are not supported)")
+    args = {**kernel_side_table.get_constant_args(kw["constant_args_idx"]), **kw["kwargs"]}
+    for k, v in args.items():
+        val = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+        if isinstance(v, torch.fx.Node) and not isinstance(val, torch.Tensor):
+            raise refuse(f"argument {k} is a traced {type(val).__name__} (symbolic sizes are not supported)")
+        if isinstance(val, torch.Tensor) and not all(type(d) is int for d in val.shape):
+            raise refuse(f"argument {k} has symbolic sizes (not supported: the grid and sizes are as traced)")
+        if isinstance(val, torch.Tensor) and (fake_types(val) is None or not val.is_contiguous()):
+            raise refuse(f"argument {k} is a strided view (sizes {tuple(val.shape)}, strides {tuple(val.stride())}); "
+                         "novaforge passes kernels contiguous buffers (pass x.contiguous())")
+        if isinstance(val, torch.Tensor) and (val.storage_offset() or val.untyped_storage().nbytes() != val.nbytes):
+            raise refuse(f"argument {k} is a view into a larger tensor (the kernel may address memory around it; "
+                         "novaforge passes it as a buffer of its own: pass x.contiguous() or the whole tensor)")
+        if val is None and not (v is None or type(v) in (int, float, bool, str)):
+            raise refuse(f"argument {k} of type {type(v).__name__} is not supported")
+    clone = tuple(kw["tensors_to_clone"])
+    types = [fake_types(n.meta["val"][c])[0] for c in clone]
+    tensors: list[Any] = []
+    spec = encode(([], {"grid": tuple(grids[0]), "kwargs": args, "clone": clone}), tensors,
+                  lambda x: isinstance(x, torch.fx.Node))
+    target, reason = f"{USER_TRITON}({user_triton_key(kernel)})", f"user Triton kernel {name}"
+    node = ctx.emit_node("extern", [ctx.val(t) for t in tensors], {"target": target, "spec": spec,
+                         "out_types": tuple(types), "reason": reason, "keep": None}, types)
+    ctx.externs.append((target, reason))
+    return dict(zip(clone, node.outputs, strict=True))
+
+
+def _triton_op_decomposition(n: torch.fx.Node, target: Any) -> Callable[..., Any] | None:
+    """For a `torch.library.triton_op` without a kernel registered for its tensors' device
+    (`register_kernel`), its Python function, functionalized: lowered in place, its
+    `wrap_triton` launches become user Triton kernel externs (`_lower_user_triton`) and its
+    torch ops are lowered and fused as any. (AOTAutograd decomposes it the same way, so both
+    entry points agree.) An op with such a kernel stays one call to the op: that kernel runs,
+    as in eager. Else None."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    from torch._library.custom_ops import OPDEFS
+    from torch._library.triton import triton_ops_to_kernels
+
+    name = target._schema.name
+    opdef = OPDEFS.get(name)
+    fn = getattr(opdef, "_abstract_fn", None)  # (a triton_op's fake implementation is its function)
+    if name not in triton_ops_to_kernels or fn is None:
+        return None
+    devices = {a.meta["val"].device.type for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)}
+    if any(d in getattr(opdef, "_backend_fns", {}) for d in devices):
+        return None
+
+    def on_copies(*args: Any, **kwargs: Any) -> Any:  # (its launches write copies, never the op's inputs)
+        args, kwargs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+        return fn(*args, **kwargs)
+
+    return torch.func.functionalize(on_copies, remove="mutations")  # (views stay views: see _lower_user_triton)
 
 
 def _unsupported_dtypes(val: Any) -> list[torch.dtype]:
@@ -263,11 +355,12 @@ def _decomposition_key(target, flat: list, spec: Any, where: list[int], vals: li
 
 
 def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOverload, rules: dict,
-                      decompose: Callable[..., Any] | None = None) -> Any:
+                      decompose: Callable[..., Any] | None = None, cache: bool = True) -> Any:
     """Lower a composite op without a rule through the decomposition eager itself runs (its
     CompositeImplicitAutograd kernel, or `decompose` for novaforge's own `COMPOSITES`), traced
-    on fake inputs of the node's shapes once per argument types; the ops it produces are lowered
-    in place (with their own rules, or as externs)."""
+    on fake inputs of the node's shapes once per argument types (every time with `cache=False`:
+    a `triton_op`'s trace names its kernels by Dynamo's kernel table, which a reset renumbers);
+    the ops it produces are lowered in place (with their own rules, or as externs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -282,7 +375,7 @@ def _lower_decomposed(ctx: LowerCtx, n: torch.fx.Node, target: torch._ops.OpOver
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         return (decompose or target.decompose)(*args, **kwargs)
 
-    key = _decomposition_key(target, flat, spec, where, vals)
+    key = _decomposition_key(target, flat, spec, where, vals) if cache else None
     sub = _DECOMPOSITIONS.get(key) if key is not None else None
     if sub is None:
         try:
@@ -333,6 +426,8 @@ def _empty_results(ctx: LowerCtx) -> Any:
 
 def _check_result(ctx: LowerCtx, n: torch.fx.Node, result: Any) -> None:
     val = n.meta.get("val")
+    if isinstance(val, dict) and isinstance(result, dict):  # a user Triton kernel's copies, by argument name
+        val, result = list(val.values()), [result.get(k) for k in val]
     if result is None:
         if val is None or (isinstance(val, list | tuple) and not val):
             return

@@ -7,7 +7,9 @@ the sizes as arguments, schedules planned at the symbols' hints: sized.py).
 
 Each `kernel` node runs as generated Triton code when
 `analysis.analyze` accepts its body (pointwise, row reductions, matmul with prologue views and
-elementwise epilogue, flash attention, take/cat gathers), else through torch on the same device
+elementwise epilogue, flash attention, take/cat gathers), as the user's own Triton kernel when
+it is one user kernel launch (a `triton_op`'s or Dynamo-captured `@triton.jit` kernel, launched
+with its grid and arguments as written into arena buffers: user_launch.py), else through torch on the same device
 (executor "torch": other index ops, scans, externs, anything the analysis rejects; the reason is
 kept in `reasons`). Schedules come from schedule/gpu.py (no benchmarking). Compiled kernels are cached
 in memory by (structural key, schedule, target, mode): identical layers share one kernel.
@@ -77,6 +79,7 @@ from .render import KernelSource, render_pointwise, render_reduction
 from .render_attention import render_attention
 from .render_gather import render_gather
 from .render_matmul import MatmulLayout, render_matmul
+from .user_launch import UserLaunch, user_launch
 
 VERSION = "triton-backend-1"
 
@@ -297,6 +300,10 @@ class TritonBackend:
             if n.op != "kernel":
                 continue
             k: Kernel = n.attrs["kernel"]
+            user = user_launch(k)
+            if user is not None:  # a user Triton kernel: the program launches it as written
+                chosen[i] = user
+                continue
             library = k.kind == "matmul" and options.matmul_executor == "torch"
             transposed = self._k_major_weight(k, n.inputs, consts, options.use_tf32()) if not library else frozenset()
             slow = self._tf32_not_k_major(k, transposed, options) if not library else ""
@@ -344,6 +351,11 @@ class TritonBackend:
             args = [prog.slot(v) for v in n.inputs]
             outs = [prog.slot(v) for v in n.outputs]
             pre = [prog.template[o] is not None or any(o == s for s, _, _ in prog.fresh) for o in outs]
+            if isinstance(chosen[i], UserLaunch):
+                user = chosen[i]
+                prog.add_step(Step("user", user.name, args, outs, launch=user.launcher(), body=k.body,
+                                   preallocated=pre, node=user.kernel, source=user))
+                continue
             if isinstance(chosen[i], str):
                 body = k.body if values is None else specialize(k.body, values)
                 prog.add_step(Step("torch", k.name, args, outs, body=body, preallocated=pre, reason=chosen[i]))

@@ -12,7 +12,9 @@ addresses (else the graph is recaptured), and outputs are returned as clones of 
 static outputs. A capture failure disables graphs for the program (with a warning), never
 the program. `info()` says what ran: the launcher, graph captures and replays, each generated
 kernel's schedule and binary resources (shared memory, registers, spills, read when the kernel
-was loaded at build), and each step that runs through torch with its reason.
+was loaded at build), each user Triton kernel the program launches (`user` steps,
+user_launch.py: the user's grid and arguments as written, outputs in the arena) and each step
+that runs through torch with its reason.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class StepKind(StrEnum):
     TRITON = "triton"  # a generated kernel launch
     TORCH = "torch"  # a kernel body through torch
     VIEW = "view"  # a top-level view of a buffer
+    USER = "user"  # a user Triton kernel launch (user_launch.py): its grid and arguments as written
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Step:
     args: list[int]  # slots read
     outs: list[int]  # slots written
     contiguous: list[bool] = field(default_factory=list)  # per arg: make it contiguous first (views)
-    launch: Callable[..., Any] | None = None  # triton: fn[grid] with launch options bound
+    launch: Callable[..., Any] | None = None  # triton: fn[grid] with launch options bound; user: user_launch
     body: Graph | None = None  # torch: the kernel body run by the interpreter
     node: Any = None  # view: the IR node; triton: the JIT function
     preallocated: list[bool] = field(default_factory=list)  # torch: does the out slot hold a buffer to fill
@@ -250,7 +253,7 @@ class TritonProgram:
         for s, shape, dtype in self.fresh:
             env[s] = torch.empty(shape, dtype=dtype, device=self.device)
         for st in self.steps:
-            if st.kind == "triton":
+            if st.kind == "triton" or st.kind == "user":
                 args = [env[a].contiguous() if c else env[a] for a, c in zip(st.args, st.contiguous, strict=True)]
                 st.launch(*args, *[env[o] for o in st.outs])
             elif st.kind == "view":
@@ -285,6 +288,8 @@ class TritonProgram:
                             "replays": r.replays if r else 0, "failed": r.failed if r else False},
             "kernels": kernels,
             "fallbacks": [{"title": st.title, "reason": st.reason} for st in self.steps if st.kind == "torch"],
+            "user_kernels": [{"title": st.title, "grid": list(st.source.grid)}
+                             for st in self.steps if st.kind == "user"],
             **{k: v for k, v in self.notes.items() if not k.startswith("_")},
         }
 
@@ -301,6 +306,8 @@ class TritonProgram:
                              f"stages={k.num_stages} {k.schedule.key()}" + (f" {res}" if res else ""))
             elif st.kind == "torch":
                 lines.append(f"{st.title:32s} torch  ({st.reason})" if st.reason else f"{st.title:32s} torch")
+            elif st.kind == "user":
+                lines.append(f"{st.title:32s} user   grid={st.source.grid} (user Triton kernel, as written)")
             else:
                 lines.append(f"{st.title:32s} {st.kind}")
         return "\n".join(lines)

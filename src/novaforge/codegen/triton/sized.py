@@ -47,7 +47,7 @@ class SizedTritonProgram:
     @property
     def kernels(self) -> list[Any]:
         """The KernelSource of each generated kernel, in node order."""
-        return [c[0] for _, c in sorted(self.chosen.items()) if not isinstance(c, str)]
+        return [c[0] for _, c in sorted(self.chosen.items()) if isinstance(c, tuple)]
 
     @property
     def steps(self) -> list[Step]:
@@ -60,7 +60,8 @@ class SizedTritonProgram:
             elif i in self.chosen:
                 c, name = self.chosen[i], n.attrs["kernel"].name
                 out.append(Step("torch", name, [], [], reason=c) if isinstance(c, str) else
-                           Step("triton", name, [], [], source=c[0]))
+                           Step("triton", name, [], [], source=c[0]) if isinstance(c, tuple) else
+                           Step("user", c.name, [], [], source=c))  # (a user Triton kernel of static sizes)
         return out
 
     def at(self, values: Mapping[Any, int]) -> TritonProgram:
