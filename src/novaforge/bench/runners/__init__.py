@@ -65,7 +65,7 @@ RUNNERS: dict[str, RunnerSpec] = {s.name: s for s in [
                "novaforge.compile(freeze=True, pack_weights=True): packed weight copies (CPU backend)"),
     RunnerSpec("novaforge-refine", "novaforge_runner", "NovaforgeRefineRunner", ("torch",),
                frozenset({"inference"}), _CPU, _BOTH_DT, frozenset(),
-               "novaforge.compile(freeze=True, refine=True): up to 300 untimed calls refine the schedules first"),
+               "novaforge.compile(freeze=True, refine=True, refine_sample_every=2): up to 300 untimed calls refine first"),
     RunnerSpec("eager", "torch_runners", "EagerRunner", ("torch",),
                frozenset({"inference", "training", "matmul", "generate"}), _ALL, _BOTH_DT, _ALL,
                "PyTorch eager (torch.matmul for the matmul sweep)"),

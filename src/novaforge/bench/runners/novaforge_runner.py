@@ -132,7 +132,7 @@ class NovaforgeRefineRunner(NovaforgeRunner):
     the refined program. The next process of the case finds the stored choices in the shared
     cache and starts with them (its `early_ms`: calls 2-9, before any refinement)."""
 
-    options = {"refine": True}
+    options = {"refine": True, "refine_sample_every": 2}  # (sampling costs ~nothing: benchmarks/refine_overhead.py)
     REFINE_CALLS = 300
 
     def inference(self, model: torch.nn.Module, inputs: tuple, ctx: RunContext) -> Prepared:
