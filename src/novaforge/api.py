@@ -770,18 +770,29 @@ def compile(model: Any = None, *, freeze: bool = False, backend: str = "auto", d
     {dim: (lo, hi) or None}}: those sizes are traced once as symbols and each new size is
     specialized from that one trace (frontend/dynamic.py; no re-trace per size).
     options: compiler options (see docs/options.md), e.g. capture='fx' (default) or 'export'.
-    A DistributedDataParallel model is compiled as `torch.compile(model, backend="novaforge")`
-    (DDP's reducer needs Dynamo's graph splitting at its buckets); wrap DDP around the plain model.
+    A model trained with torch.distributed (DistributedDataParallel, FSDP2's fully_shard, tensor
+    parallel DTensor parameters) is compiled as `torch.compile(model, backend="novaforge")`
+    (distributed.py: DDP's reducer and FSDP2's hooks run from Python at every call).
     """
     if model is None:
         return lambda m: compile(m, freeze=freeze, backend=backend, dynamic=dynamic, **options)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        # DDP's forward drives its reducer (which gradients to all-reduce, when) from Python, which
-        # a captured graph would skip: compile through Dynamo, whose DDP support splits the graph
-        # at DDP's gradient buckets, with novaforge compiling each piece
-        if freeze:
+    from .distributed import distributed_style
+
+    style = distributed_style(model)
+    if style is not None:
+        # DDP's reducer and FSDP2's / parallelize_module's hooks run Python at every call, which a
+        # captured graph would skip: compile through Dynamo (which splits the graph at DDP's
+        # gradient buckets and runs the hooks), with novaforge compiling each piece
+        if freeze and style == "ddp":
             raise ValueError("freeze=True with DistributedDataParallel: DDP is for training; compile the "
                              "inner module for inference")
-        _log_runtime.info("DistributedDataParallel: compiled through torch.compile(backend='novaforge')")
+        if freeze:
+            raise ValueError(f"freeze=True with a {style} model: its parameters are sharded state that "
+                             "torch.distributed updates; compile without freeze")
+        _log_runtime.info("%s model: compiled through torch.compile(backend='novaforge')", style)
+        if style == "fsdp":
+            _log_runtime.warning("FSDP2 model: its hooks are Dynamo graph breaks, so a forward that loops over "
+                                 "FSDP-managed blocks runs its own ops (embedding, head, loss) eagerly and each "
+                                 "block's forward compiled (TORCH_LOGS=graph_breaks shows where; docs/distributed.md)")
         return torch.compile(model, backend="novaforge", options={**options, "backend": backend})
     return CompiledModule(model, freeze=freeze, backend=backend, options=options, dynamic=dynamic)

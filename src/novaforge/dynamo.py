@@ -30,7 +30,11 @@ What the compiler sees and how it is handled:
   signature then runs as Dynamo's ATen graph (eager) until its calls have cost one build
   (`runtime/tiering.py`; `options={"tiered": False}` builds at once).
 * Outputs that are not tensors computed by the graph (constants, SymInts that become Python
-  numbers after specialization) are re-inserted at run time.
+  numbers after specialization) are re-inserted at run time; an opaque input returned as it came
+  (a tensor-parallel forward saves its DTensor's mesh / process-group object for the backward)
+  is the call's own argument (`_InputPassthrough`). Functional collectives (`_c10d_functional`,
+  from DTensor or FSDP2) are extern calls into torch, completed as they are called
+  (ir/extern.py; novaforge/distributed.py).
 * Anything novaforge cannot compile (an unsupported op or dtype, a data-dependent shape, a
   lowering failure) never crashes the user's run: the graph runs as the ATen graph Dynamo
   gave (eager semantics), and the fallback is logged with the op and the reason and recorded
@@ -215,8 +219,10 @@ class _AtenGraphProgram:
         out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
         tensor_outs = [a for a in out_args if _is_tensor_node(a)]
         conv = SymbolConverter() if symbolic else None
+        position = {n: i for i, n in enumerate(placeholders)}
         with conv if conv is not None else contextlib.nullcontext(), random_mode(self.options.random):
-            constants = {i: (_symbolic_output(a, conv) if conv is not None else _constant_output(a))
+            constants = {i: (_InputPassthrough(position[a]) if _is_opaque_input(a)
+                             else _symbolic_output(a, conv) if conv is not None else _constant_output(a))
                          for i, a in enumerate(out_args) if not _is_tensor_node(a)}
             graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
@@ -485,6 +491,23 @@ def _is_tensor_node(a: Any) -> bool:
     return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
 
 
+@dataclass(frozen=True)
+class _InputPassthrough:
+    """A graph output that is one of the graph's own non-tensor inputs, returned as it came: an
+    opaque object such as a DTensor's mesh or process group (a tensor-parallel forward saves it
+    for its backward). It is the call's argument at `index`, not a constant."""
+
+    index: int
+
+
+def _is_opaque_input(a: Any) -> bool:
+    """A placeholder whose value is an opaque (script) object rather than a tensor or number."""
+    if not (isinstance(a, torch.fx.Node) and a.op == "placeholder"):
+        return False
+    val = a.meta.get("val")
+    return not isinstance(val, torch.Tensor | torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool)
+
+
 def _constant_output(a: Any) -> Any:
     """A graph output that is not a tensor: a constant, or a node whose value is a Python number
     after specialization (a SymInt the static trace made concrete)."""
@@ -535,7 +558,8 @@ class _Runner:
         if not self.constants:
             return outs
         it = iter(outs)
-        return [self.constants[i] if i in self.constants else next(it) for i in range(self.n_out)]
+        return [(args[c.index] if isinstance(c := self.constants[i], _InputPassthrough) else c)
+                if i in self.constants else next(it) for i in range(self.n_out)]
 
 
 class _EagerRunner:

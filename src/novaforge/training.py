@@ -22,6 +22,9 @@ compiled by novaforge, are `TrainEntry` in train_entry.py.)
   a submodule, or global) is stepped per call instead: its forward compiled by
   `novaforge.compile` (through Dynamo, which runs the hooks at every call), then eager's
   `loss.backward(); optimizer.step()`, so that the hooks' side effects happen at every step.
+  A model trained with torch.distributed (DDP, FSDP2, tensor parallel: distributed.py) is stepped
+  that way too: its collectives run from hooks and DDP's reducer, and the optimizer steps its
+  sharded (DTensor) parameters and state eagerly.
 
 Invariant: a compiled step computes exactly what eager's `loss.backward(); optimizer.step()`
 computes (torch's single-tensor formulas, in the same order), up to float rounding; the tests
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from . import api, logs
+from .distributed import distributed_style
 from .frontend.capture import shadow_module
 from .frontend.lower import COMPOSITES
 from .frontend.module_state import ModuleModes
@@ -191,6 +195,7 @@ class CompiledStep:
         self._grad_bufs: list[torch.Tensor] | None = None
         self._per_call: Any = None  # the model compiled per call: the step of a model with hooks (`_hooked_step`)
         self._lock = threading.RLock()
+        self._distributed = distributed_style(model)  # DDP / FSDP2 / tensor parallel: stepped per call
 
     # the traced function: everything the step reads is an argument, everything it writes is
     # updated in place (and so becomes a write-back at the boundary)
@@ -261,7 +266,9 @@ class CompiledStep:
             self.calls += 1
             update = self.calls % self.accumulate == 0
             modes = self._modes.key()
-            if modes and modes[0]:  # forward / backward hooks: their side effects must run at every step
+            if (modes and modes[0]) or self._distributed:
+                # forward / backward hooks: their side effects must run at every step; a distributed
+                # model's collectives run from hooks and DDP's reducer (distributed.py)
                 return self._hooked_step(args, kwargs, update)
             pre_hooks, post_hooks = _step_hooks(opt)
             if update and pre_hooks:
@@ -293,9 +300,9 @@ class CompiledStep:
         `loss.backward(); optimizer.step()` (step pre- and post-hooks included)."""
         opt = self.optimizer
         if self._per_call is None:
-            logs.get_logger("runtime").info("compile_step: the model has forward / backward hooks; its forward is "
-                                            "compiled per call and the optimizer steps eagerly, so that the hooks "
-                                            "run at every step")
+            why = f"is a {self._distributed} model" if self._distributed else "has forward / backward hooks"
+            logs.get_logger("runtime").info("compile_step: the model %s; its forward is compiled per call and the "
+                                            "optimizer steps eagerly, so that the hooks run at every step", why)
             self._per_call = api.compile(self.model, backend=self.backend, **self.options)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self._grad_bufs is not None:  # (gradients accumulated by the compiled step before hooks were added)
