@@ -171,7 +171,8 @@ def energy_counter(device: str) -> tuple[Callable[[], float | None] | None, str]
     estimated where no counter exists."""
     if device.startswith("cuda"):
         reader = nvml_energy_reader(0)
-        return reader, "NVML total energy (GPU 0)" if reader else "none: NVML is not available (no pynvml or no driver support)"
+        what = "NVML total energy (GPU 0)" if reader else "none: NVML is not available (no pynvml or driver support)"
+        return reader, what
     reader = rapl_energy_reader()
     if reader is not None:
         return reader, f"RAPL package energy ({len(rapl_domains())} package(s), {POWERCAP})"

@@ -43,8 +43,8 @@ from ..sources import sources_digest
 from .analysis import Unsupported
 from .build import compile_flags, compile_library, compiler, compiler_version
 from .kernels import KernelPlan, plan_kernel
-from .refine_store import stored_variants
 from .loops import GenKernel
+from .refine_store import stored_variants
 
 PRELUDE = '#include "nf_cpu.h"\n#include <limits>\n#define NF_KERNEL extern "C" __attribute__((visibility("hidden")))\n'
 EXPORT = 'extern "C" __attribute__((visibility("default")))'
