@@ -317,6 +317,7 @@ class Refiner:
     def _done(self, why: str) -> None:
         self.phase = "done"
         self.trials = []
+        self.graph = None  # (nothing is built any more: the graph's constants are not kept alive)
         self._event(why)
 
     def _event(self, text: str) -> None:
