@@ -5,6 +5,7 @@
     novaforge bench --workload gpt-42m --runner eager,torch-compile,novaforge
     novaforge bench --workload matmul --runner eager,novaforge
     novaforge bench --device cuda --workload gpt-42m        # bf16, 16 x 1024; JAX too if importable
+    novaforge bench --workload gpt2,bert,llama --dtype int8-dynamic   # torchao int8 / ORT quantize_dynamic
     novaforge bench --list                                  # workloads and runners
 
 Each (case, runner) runs in a fresh process, runners interleaved over --procs passes; the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from . import results as res
 from .harness import Options, run
-from .runners import RUNNERS
+from .runners import DTYPES, RUNNERS
 from .table import render
 from .workloads import WORKLOADS
 
@@ -48,9 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 128 CPU / 1024 GPU inference; "
                                                          "256 / 1024 training; matmul: tokens = batch x seq)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float32 (CPU default) or bfloat16 (GPU default): bf16 weights for inference, autocast for "
-                        "training, OpenVINO's precision hint; runners without it are skipped")
+                        "training, OpenVINO's precision hint. int8-weight / int8-dynamic (CPU inference only): the "
+                        "model quantized by novaforge.quantize (torchao: int8 weights; -dynamic also int8 "
+                        "activations) for novaforge, eager and torch.compile, ORT's quantize_dynamic on the export "
+                        "for onnxruntime (int8-dynamic only); correctness vs float32 eager (top-1 for logits). "
+                        "Runners without the dtype are skipped with the reason")
     p.add_argument("--runs", type=int, default=None,
                    help="timed calls per process (default 30 at batch 1, 20 above; 10 for training and matmul)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per process (default 3; 2 for training)")
@@ -71,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-json", action="store_true", help="do not write a results file")
     p.add_argument("--keep-logs", action="store_true", help="keep the workers' folders (specs, logs) and say where")
     p.add_argument("--list", action="store_true", help="list workloads and runners and exit")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes per training job, launched through torchrun (with --parallel; bench/distributed.py)")
+    p.add_argument("--parallel", choices=["fsdp", "tp", "ddp"], default=None,
+                   help="distributed training style for --nproc > 1: FSDP2, tensor parallel or DDP")
     return p
 
 
@@ -83,6 +92,24 @@ def list_text() -> str:
         lines.append(f"  {s.name:<21} {'/'.join(sorted(s.kinds)):<26} {s.description}"
                      + (f"  [{missing}]" if missing else ""))
     return "\n".join(lines)
+
+
+def _distributed(args: argparse.Namespace, workloads: list[str]) -> int:
+    """`--nproc N --parallel STYLE`: one torchrun job per (training workload, runner)."""
+    from . import distributed
+
+    runners = distributed.RUNNERS if args.runner == "all" else _csv(args.runner)
+    bad = [r for r in runners if r not in distributed.RUNNERS]
+    not_training = [w for w in workloads if WORKLOADS[w].kind != "training"]
+    if args.parallel is None or args.nproc < 2 or bad or not_training:
+        print(f"novaforge bench: distributed runs need --nproc >= 2, --parallel, training workloads (not "
+              f"{not_training}) and runners among {', '.join(distributed.RUNNERS)} (not {bad})", file=sys.stderr)
+        return 2
+    results = distributed.launch(workloads, runners, args.parallel, args.nproc, batch=(args.batch or [None])[0],
+                                 seq=args.seq, warmup=args.warmup, runs=args.runs, threads=args.threads,
+                                 nf_backend=args.nf_backend, timeout_s=args.timeout_s)
+    print(distributed.render(results))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"novaforge bench: unknown workload(s) {unknown} or runner(s) {bad_runners}; see --list", file=sys.stderr)
         return 2
+    if args.parallel is not None or args.nproc > 1:
+        return _distributed(args, workloads)
     if args.procs < 1:
         print("novaforge bench: --procs must be at least 1", file=sys.stderr)
         return 2

@@ -100,7 +100,7 @@ def plan(opts: Options) -> tuple[list[tuple[Case, list[str]]], list[dict[str, An
             for n in names:
                 spec = RUNNERS[n]
                 reason = spec.not_applicable(w.kind, opts.device, opts.dtype)
-                reason = reason or spec.missing_package()
+                reason = reason or spec.missing_package(opts.dtype)
                 if reason:
                     skipped.append({"case": case.label, "workload": w.name, "kind": w.kind, "batch": b, "seq": seq,
                                     "runner": n, "status": "skipped", "reason": reason})
@@ -278,6 +278,12 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
     }
     diffs = [r.get("max_abs_diff") for _, r in got if r.get("max_abs_diff") is not None]
     s["max_abs_diff"] = max(diffs) if diffs else None
+    means = [r["mean_abs_diff"] for _, r in got if r.get("mean_abs_diff") is not None]
+    if means:
+        s["mean_abs_diff"] = max(means)
+    top1 = [r["top1_agreement"] for _, r in got if r.get("top1_agreement") is not None]
+    if top1:  # logits outputs only: the worst process
+        s["top1_agreement"] = min(top1)
     if first.get("max_rel_diff") is not None:
         s["max_rel_diff"] = max(r["max_rel_diff"] for _, r in got)
     energies = [r["energy_j_per_call"][0] for _, r in got if r.get("energy_j_per_call")]

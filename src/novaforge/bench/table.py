@@ -3,6 +3,10 @@
 One table per workload kind (inference, training, matmul), rows grouped by case in the order
 they were run; ratios are against the eager runner of the same case in the same run.
 
+Under an int8 `--dtype` the header names the quantization each runner family ran and the
+inference table adds the mean abs difference and the top-1 agreement (logits outputs only, else
+"–") against float32 eager.
+
 Invariant: rendering only reads the rows (never recomputes a measurement), and every row,
 skipped and failed ones included, appears with its status and reason.
 """
@@ -13,6 +17,15 @@ from collections import Counter
 from typing import Any
 
 QUIET_LOAD = 1.2  # a 1-min load average above this is not a quiet machine (issue 15)
+
+# what each int8 `--dtype` ran, for the header (benchmarks/README.md, "Runners")
+QUANTIZATION_TEXT = {
+    "int8-weight": "torchao Int8WeightOnlyConfig via novaforge.quantize (int8 weights, one scale per output "
+                   "channel; float32 activations) for the torch runners; onnxruntime and openvino skipped",
+    "int8-dynamic": "torchao Int8DynamicActivationInt8WeightConfig via novaforge.quantize (int8 weights, "
+                    "activations quantized per row at run time) for the torch runners; onnxruntime: "
+                    "quantize_dynamic(weight_type=QInt8) of the float32 export; openvino skipped",
+}
 
 
 def fmt_num(x: float | None, digits: int = 3) -> str:
@@ -79,17 +92,22 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
     return [_row(header), _row(["---"] * len(header))] + [_row(b) for b in body]
 
 
-def inference_table(rows: list[dict[str, Any]]) -> list[str]:
+def inference_table(rows: list[dict[str, Any]], quantized: bool = False) -> list[str]:
+    """`quantized`: add the mean abs diff and top-1 agreement columns (vs float32 eager)."""
     header = ["case", "runner", "median ms", "per-process medians", "min–max ms", "vs eager", "setup s",
-              "peak MB", "max abs diff", "note"]
+              "peak MB", "max abs diff"] + (["mean abs diff", "top-1 = fp32 eager"] if quantized else []) + ["note"]
     body = []
     for r in rows:
         if r["status"] != "ok":
-            body.append([r["case"], r["runner"]] + ["–"] * 7 + [_note(r)])
+            body.append([r["case"], r["runner"]] + ["–"] * (len(header) - 3) + [_note(r)])
             continue
+        extra = []
+        if quantized:
+            top1 = r.get("top1_agreement")
+            extra = [fmt_num(r.get("mean_abs_diff"), 2), "–" if top1 is None else f"{100 * top1:.1f}%"]
         body.append([r["case"], r["runner"], fmt_num(r["median_ms"]), _procs(r),
                      f"{fmt_num(r['min_ms'])}–{fmt_num(r['max_ms'])}", _ratio(r), _setup(r),
-                     fmt_num(r["peak_mem_mb"], 4), fmt_num(r.get("max_abs_diff"), 2), _note(r)])
+                     fmt_num(r["peak_mem_mb"], 4), fmt_num(r.get("max_abs_diff"), 2)] + extra + [_note(r)])
     return _table(header, body)
 
 
@@ -211,8 +229,16 @@ def render(payload: dict[str, Any]) -> str:
                          "flip: rerun on a quiet machine")
     if payload.get("energy_counter"):
         lines.append(f"energy: {payload['energy_counter']}")
-    for kind, render_kind in (("inference", inference_table), ("training", training_table), ("matmul", matmul_table),
-                              ("generate", generate_table)):
+    quantization = QUANTIZATION_TEXT.get(o.get("dtype"))
+    if quantization:
+        lines.append(f"quantization {o.get('dtype')}: {quantization}; accuracy columns against float32 eager "
+                     "(the full study: benchmarks/quant_accuracy.py)")
+
+    def quantized_inference_table(rows: list[dict[str, Any]]) -> list[str]:
+        return inference_table(rows, quantized=bool(quantization))
+
+    for kind, render_kind in (("inference", quantized_inference_table), ("training", training_table),
+                              ("matmul", matmul_table), ("generate", generate_table)):
         mine = _grouped([r for r in rows if r.get("kind") == kind])
         if mine:
             lines += ["", f"### {kind}", ""] + render_kind(mine)

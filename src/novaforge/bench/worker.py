@@ -6,7 +6,11 @@ The harness starts this in a fresh interpreter for every (case, runner, pass), s
 inherits another's compiled code, caches in memory, allocator state or thread pools. The
 worker builds the workload (seeded: identical in every process), computes the eager float32
 reference where one is compared, prepares the runner, times its first call as setup, checks
-the first result against the reference, then times warm-up and measured calls.
+the first result against the reference, then times warm-up and measured calls. Under an int8
+`dtype` the inference model is quantized with `novaforge.quantize` (torchao) after the float32
+reference is taken and inside the timed setup, unless the runner quantizes its own export
+(`quantizes_model = False`: ONNX Runtime); the comparison then also reports the mean abs
+difference and, for logits, the top-1 agreement with float32 eager.
 
 Invariant: OUT.json is always written (atomically) unless the process itself dies; it says
 `ok`, `skipped` (a package the runner needs is missing) or `failed` (with the error).
@@ -27,7 +31,7 @@ from typing import Any
 from .. import settings
 from .measure import current_rss_mb, energy_counter, peak_rss_mb, sync_for, time_calls
 from .results import dumps
-from .runners import RUNNERS, load_runner
+from .runners import INT8_MODES, RUNNERS, load_runner
 from .workloads import (
     build_generation_model,
     build_inference_model,
@@ -90,31 +94,55 @@ def _reset_cuda_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def compare_with_reference(got, ref, logits: bool) -> dict[str, Any]:
+    """Max and mean abs difference to the float32 eager reference; for logits also the share of
+    positions whose argmax over the last dimension equals the reference's (top-1 agreement)."""
+    if got.shape != ref.shape:
+        return {"max_abs_diff": None, "shape_mismatch": [list(got.shape), list(ref.shape)]}
+    diff = (got - ref).abs()
+    out: dict[str, Any] = {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
+                           "shape_mismatch": None}
+    if logits:
+        out["top1_agreement"] = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return out
+
+
+def _quantized(model, spec: dict[str, Any], runner, row: dict[str, Any]):
+    """`model` quantized in place for an int8 dtype (unless the runner quantizes its own export)."""
+    if spec["dtype"] in INT8_MODES and getattr(runner, "quantizes_model", True):
+        from ..quantize import quantize
+
+        t0 = time.perf_counter()
+        quantize(model, spec["dtype"])
+        row["quantize_s"] = time.perf_counter() - t0
+    return model
+
+
 def run_inference(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
     import torch
 
-    from .runners.base import main_tensor
+    from .runners.base import main_tensor, output_is_logits
 
     on = getattr(runner, "model_device", spec["device"])
     model, vocab = build_inference_model(spec["workload"])
     model.to(on)
     ids = input_ids(vocab, spec["batch"], spec["seq"], on)
     with torch.inference_mode():
-        ref = main_tensor(model(ids)).float().cpu()
-    if spec["dtype"] != "float32" and getattr(runner, "casts_model", True):
+        ref_out = model(ids)
+        logits, ref = output_is_logits(ref_out), main_tensor(ref_out).float().cpu()
+    del ref_out
+    if spec["dtype"] not in ("float32", *INT8_MODES) and getattr(runner, "casts_model", True):
         model.to(ctx.torch_dtype)
     gc.collect()
     _reset_cuda_peak(spec["device"])
     base_rss = current_rss_mb()
     sync = sync_for(spec["device"])
-    prepared, out, prepare_s, setup_s = _setup(lambda: runner.inference(model, (ids,), ctx), sync)
+    row: dict[str, Any] = {"case": case_label(spec["workload"], spec["batch"], spec["seq"])}
+    prepared, out, prepare_s, setup_s = _setup(
+        lambda: runner.inference(_quantized(model, spec, runner, row), (ids,), ctx), sync)
     got = prepared.to_tensor(out).float().cpu()
-    row: dict[str, Any] = {
-        "case": case_label(spec["workload"], spec["batch"], spec["seq"]),
-        "prepare_s": prepare_s, "setup_s": setup_s, "setup_info": prepared.info,
-        "max_abs_diff": (got - ref).abs().max().item() if got.shape == ref.shape else None,
-        "shape_mismatch": None if got.shape == ref.shape else [list(got.shape), list(ref.shape)],
-    }
+    row.update(prepare_s=prepare_s, setup_s=setup_s, setup_info=prepared.info,
+               **compare_with_reference(got, ref, logits))
     if prepared.after_first is not None:
         row.update(prepared.after_first())
     timing = time_calls(prepared.call, sync=sync, warmup=spec["warmup"], runs=spec["runs"], budget_s=spec["budget_s"],

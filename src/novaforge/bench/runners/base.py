@@ -25,15 +25,21 @@ import torch
 @dataclass
 class RunContext:
     device: str  # cpu / cuda
-    dtype: str  # float32 / bfloat16
+    dtype: str  # float32 / bfloat16 / int8-weight / int8-dynamic (a quantization of the float32 model)
     threads: int
     workdir: Path  # a private scratch folder of this process
     nf_backend: str = "auto"
     tf32: bool = False
 
     @property
+    def quantization(self) -> str | None:
+        """The int8 mode (`novaforge.quantize`'s name) when `dtype` is one, else None."""
+        return self.dtype if self.dtype.startswith("int8-") else None
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
+        """The float type of activations and unquantized weights (float32 under an int8 mode)."""
+        return torch.float32 if self.quantization else getattr(torch, self.dtype)
 
     def autocast(self):
         """bf16 training runs under autocast (the master weights stay float32)."""
@@ -51,6 +57,12 @@ class Prepared:
     after_first: Callable[[], dict[str, Any]] | None = None
     # the runner's own peak-memory reading in MiB (e.g. JAX's allocator); default: the worker's
     peak_memory_mb: Callable[[], float | None] | None = None
+
+
+def output_is_logits(out: Any) -> bool:
+    """Whether `main_tensor(out)` is the `logits` of a transformers output (then top-1 agreement means something)."""
+    logits = getattr(out, "logits", None)
+    return isinstance(logits, torch.Tensor) and main_tensor(out) is logits
 
 
 def main_tensor(out: Any) -> torch.Tensor:
