@@ -149,6 +149,12 @@ def predicted_ns(shape: KernelShape, sched: CpuSchedule, target: CpuTarget) -> f
     return est / max(1, sched.threads) + (FORK_NS if sched.threads > 1 else 0.0)
 
 
+def gemm_predicted_ns(flops: float, target: CpuTarget) -> float:
+    """A GEMM's time at the vector FMA peak of every thread (nf_gemm's packed kernels reach
+    70-90% of it; refinement tries the other B layout of one measured slower than SLOW x this)."""
+    return flops / (target.vector_floats * 2 * 2 * GHZ * max(1, target.threads))
+
+
 def candidates(shape: KernelShape, target: CpuTarget) -> list[CpuSchedule]:
     """The model's choice, then up to 3 distinct alternatives ranked by `predicted_ns` (ties:
     the order below). All are valid schedules of the same loop nest."""

@@ -1,7 +1,8 @@
 """Refinement from measured run times (`refine=True`, codegen/cpu/refine.py).
 
 * every schedule candidate the configurator offers computes eager's values (another summation
-  order at most): the model is built with every kernel at variant 1, 2 and 3;
+  order at most): the model is built with every kernel at variant 1, 2 and 3 (a GEMM's variant 1:
+  its constant weight in packed panels);
 * with a planted slow schedule (the model's schedule of one kernel is measured 1 s slower than
   it is: times are planted, so the test does not depend on this machine's load), the refiner
   builds the alternatives, checks them, swaps the faster one in between calls, stores the
@@ -103,6 +104,9 @@ def test_every_candidate_computes_eagers_values():
         alt = backend.build(graph, c.options, variants={key: k for key in plans})
         assert alt.refiner is None  # (a trial is never refined itself)
         changed += alt.schedules != program.schedules
+        gemms = [key for key in plans if key.endswith("|matmul")]
+        assert gemms and all(alt.info["kernel_plans"][key][2] == 1 for key in gemms)  # packed B
+        assert all("packed-B" in alt.schedules[key] for key in gemms), alt.schedules
         with torch.no_grad():
             (got,) = alt.run([x])
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)

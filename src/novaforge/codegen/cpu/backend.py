@@ -36,13 +36,13 @@ from ...options import Options
 from ...runtime import check_numerics
 from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
 from ...runtime.state import version_of
-from ...schedule.cpu import predicted_ns, schedule_variant
+from ...schedule.cpu import gemm_predicted_ns, predicted_ns, schedule_variant
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..inplace_updates import mutated_input_uses, pointwise_updates
 from ..sources import sources_digest
 from .analysis import Unsupported
 from .build import compile_flags, compile_library, compiler, compiler_version
-from .kernels import KernelPlan, plan_kernel
+from .kernels import KernelPlan, kernel_flops, plan_kernel
 from .loops import GenKernel
 from .refine_store import stored_variants
 
@@ -181,6 +181,14 @@ class CpuBackend:
             variant = (variants or {}).get(skey, stored.get(skey, 0))
             plan = self.plan(kernel, target, consts if use_packing else frozenset(), written, layout.inplace.get(id(n)),
                              variant)
+            if timers and plan.kind == "gemm" and consts and not use_packing:
+                # a GEMM's variants are its B layouts: 0 as planned (the weight read in place), 1 packed
+                # panels of the constant weight (what pack_weights does for every GEMM), for this kernel
+                packed = self.plan(kernel, target, consts, written, layout.inplace.get(id(n)))
+                if packed.kind == "gemm" and packed.gemm is not None and packed.gemm.pack is not None:
+                    kernel_plans[skey] = (gemm_predicted_ns(kernel_flops(kernel), target), 2, min(variant, 1))
+                    plan = packed if variant >= 1 else self.plan(kernel, target, frozenset(), written,
+                                                                 layout.inplace.get(id(n)))  # (epilogue: variant 0)
             refinable = plan.kind == "gen" or (plan.kind == "attention" and plan.anchor_gen is not None
                                                and plan.gen is None)
             if refinable:

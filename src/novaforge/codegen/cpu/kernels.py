@@ -84,6 +84,10 @@ class KernelPlan:
         return "torch" if self.kind == "torch" else "cpu"
 
 
+def kernel_flops(kernel: Kernel) -> float:
+    return _cost(kernel.body)[0]
+
+
 def _cost(body: Graph) -> tuple[float, float]:
     flops = 0.0
     for n in body.nodes:

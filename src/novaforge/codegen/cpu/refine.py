@@ -192,6 +192,9 @@ class Refiner:
     def _decide_what_to_try(self) -> None:
         plans = self.current.info["kernel_plans"]
         measured = self._per_kernel(self.current, self.samples)
+        launches: dict[str, int] = {}  # (identical layers: one kernel, one prediction, several launches)
+        for k in self.current.info["launch_keys"]:
+            launches[k] = launches.get(k, 0) + 1
         total = sum(measured.values()) or 1.0
         labels = dict(zip(self.current.info["launch_keys"], self.current.info["launch_labels"], strict=True))
         from .refine_store import stored_variants
@@ -199,8 +202,9 @@ class Refiner:
         decided = stored_variants(self.target)
         slow = []
         for key, (pred, n_variants, variant) in plans.items():
-            row = self.kernels[key] = KernelRefinement(key, labels.get(key, "?"), pred, measured.get(key, 0.0),
-                                                       variant)
+            row = self.kernels[key] = KernelRefinement(key, labels.get(key, "?"), pred * launches.get(key, 1),
+                                                       measured.get(key, 0.0), variant)
+            pred = row.predicted_ns
             if n_variants <= 1:
                 row.note = "no alternative schedule"
             elif key in decided:
