@@ -8,7 +8,8 @@ torchao (the `quant` extra, pinned) does the quantization; this is a thin front:
   decode path, bound by weight bytes.
 * "int8-dynamic": `Int8DynamicActivationInt8WeightConfig` — int8 weights as above, and each row of
   the activations quantized at run time; the product is `aten._int_mm` (int8 x int8 -> int32),
-  which novaforge keeps as an ATen extern for now (no native VNNI/AMX int8 kernel yet).
+  which novaforge computes exactly as float32 products over K chunks on nf_gemm (no native
+  VNNI/AMX int8 micro-kernel yet: the float32 rate).
 
 transformers' `Conv1D` (GPT-2's attention and MLP projections: y = x @ W + b, W [in, out]) is not
 an nn.Linear, so torchao would skip it; it is replaced by the equivalent nn.Linear first (same

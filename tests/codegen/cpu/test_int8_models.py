@@ -6,8 +6,9 @@ Two ways a user gets such a model: a hand-written dequantize (`x @ W_int8.t().fl
 and torchao's `quantize_(model, Int8WeightOnlyConfig())` (its `Int8Tensor` weights decompose to the
 same ATen ops; capture binds their inner tensors, frontend/subclass_state.py). Also checked: the
 model's weights reassigned or changed in place after the compile are seen, frozen or not, and
-torchao's dynamic-activation config (its `_int_mm` stays an ATen extern: no native int8 x int8
-kernel yet) gives eager's results.
+torchao's dynamic-activation config gives eager's results, its `aten._int_mm` computed by our
+GEMMs (float32 products over K chunks small enough to be exact; the weight stays int8: nf_gemm's
+int8-B path), not by ATen's scalar loop.
 """
 
 from __future__ import annotations
@@ -113,7 +114,26 @@ def test_torchao_dynamic_int8_both_entries():
     with torch.no_grad():
         ref = model(x)
         for name, f in _entries(model).items():
+            before = sum(gemm.i8_counts().values())
             torch.testing.assert_close(f(x), ref, atol=1e-4, rtol=1e-4, msg=name)
+            assert sum(gemm.i8_counts().values()) > before, name  # the int8 weight went to nf_gemm_i8w
+        stats = _entries(model)["novaforge.compile"]
+        stats(x)
+        assert not [t for t, _ in stats.stats().captured.externs if "_int_mm" in t]
+
+
+@pytest.mark.parametrize("K", [64, 2504])
+def test_int_mm_is_exact_with_extreme_operands(K):
+    """int8 x int8 -> int32 equals ATen's bit for bit, also where every partial sum reaches 2^24."""
+    f = novaforge.compile(lambda a, b: torch._int_mm(a, b.t()))
+    g = torch.Generator().manual_seed(K)
+    for fill in (None, -128, 127):
+        if fill is None:
+            a = torch.randint(-128, 128, (32, K), dtype=torch.int8, generator=g)
+            b = torch.randint(-128, 128, (48, K), dtype=torch.int8, generator=g)
+        else:
+            a, b = torch.full((32, K), fill, dtype=torch.int8), torch.full((48, K), -128, dtype=torch.int8)
+        assert torch.equal(f(a, b), torch._int_mm(a, b.t()))
 
 
 def test_quantize_gpt2_conv1d_and_generate():

@@ -126,6 +126,35 @@ def _lower_weight_int8pack_mm(ctx, x, weight, scales):
     return ctx.emit("mul", [out, ctx.cast(ctx.val(scales), out.type.dtype)])
 
 
+INT_MM_EXACT_K = 1024  # K per float32 product of int8 operands: |partial sums| <= 1024 * 128 * 128 = 2^24
+
+
+@matmul_.lowers(aten._int_mm.default)
+def _lower_int_mm(ctx, a, b):
+    """int8 [M, K] x int8 [K, N] -> int32 (torchao's dynamic int8 activations x int8 weights).
+    ATen's CPU kernel for it is a scalar loop on a CPU without VNNI/AMX (3.8 s for GPT-2's prefill
+    on a Zen 3). Here: float32 products over chunks of K of at most INT_MM_EXACT_K, each exact
+    (every partial sum is an integer of magnitude <= 2^24, exactly representable, whatever the
+    summation order), converted to int32 and added in int32: eager's result bit for bit, at the
+    float32 GEMM's rate; a constant int8 weight stays int8 (recognize_int8_weights: nf_gemm's
+    int8-B product)."""
+    from .shape import slice_value
+
+    x, w = ctx.val(a), ctx.val(b)
+    K = x.type.shape[-1]
+    if not isinstance(K, int):  # (a symbolic K: chunks need its value)
+        return ctx.extern("aten._int_mm with a symbolic inner dimension")
+    out = None
+    for k0 in range(0, max(K, 1), INT_MM_EXACT_K):
+        k1 = min(K, k0 + INT_MM_EXACT_K)
+        xs = x if k1 - k0 == K else slice_value(ctx, x, x.type.rank - 1, k0, k1, 1)
+        ws = w if k1 - k0 == K else slice_value(ctx, w, w.type.rank - 2, k0, k1, 1)
+        prod = matmul(ctx, ctx.cast(xs, torch.float32), ctx.cast(ws, torch.float32))
+        part = ctx.cast(prod, torch.int32)
+        out = part if out is None else ctx.emit("add", [out, part])
+    return out
+
+
 # --------------------------------------------------------------------------- attention
 def _attention_infer(ts, a):
     q, k, v = ts[:3]
