@@ -187,6 +187,10 @@ add([L(aten.addmm.default, lambda m: (m.t(3), m.t(5, 7), m.t(7, 3)), "bias"),
      L(aten.addmv.default, lambda m: (m.t(4), m.t(4, 7), m.t(7)), "bias")])
 add([L(aten._weight_int8pack_mm.default, lambda m: (m.t(5, 8), m.t(4, 8, dtype=torch.int8), m.pos(4)), "w-int8",
        dtypes=(torch.float32,), strided=False)])
+add([L(aten._int_mm.default, lambda m: (m.t(5, 8, dtype=torch.int8), m.t(8, 4, dtype=torch.int8)), "int8",
+       dtypes=(torch.float32,), strided=False),
+     L(aten._int_mm.default, lambda m: (m.t(3, 1040, dtype=torch.int8), m.t(1040, 4, dtype=torch.int8)),
+       "k-chunks", dtypes=(torch.float32,), strided=False)])
 add([L(aten.linear.default, lambda m: (m.t(3, 5), m.t(4, 5), m.t(4)), "bias"),
      L(aten.linear.default, lambda m: (m.t(2, 3, 5), m.t(4, 5)), "3d-no-bias"),
      L(aten.linear.default, lambda m: (m.t(3, 5), m.t(5)), "1d-weight"),

@@ -138,8 +138,6 @@ def _lower_int_mm(ctx, a, b):
     summation order), converted to int32 and added in int32: eager's result bit for bit, at the
     float32 GEMM's rate; a constant int8 weight stays int8 (recognize_int8_weights: nf_gemm's
     int8-B product)."""
-    from .shape import slice_value
-
     x, w = ctx.val(a), ctx.val(b)
     K = x.type.shape[-1]
     if not isinstance(K, int):  # (a symbolic K: chunks need its value)
@@ -147,8 +145,8 @@ def _lower_int_mm(ctx, a, b):
     out = None
     for k0 in range(0, max(K, 1), INT_MM_EXACT_K):
         k1 = min(K, k0 + INT_MM_EXACT_K)
-        xs = x if k1 - k0 == K else slice_value(ctx, x, x.type.rank - 1, k0, k1, 1)
-        ws = w if k1 - k0 == K else slice_value(ctx, w, w.type.rank - 2, k0, k1, 1)
+        xs = x if k1 - k0 == K else ctx.emit("slice", [x], axis=x.type.rank - 1, start=k0, stop=k1, step=1)
+        ws = w if k1 - k0 == K else ctx.emit("slice", [w], axis=w.type.rank - 2, start=k0, stop=k1, step=1)
         prod = matmul(ctx, ctx.cast(xs, torch.float32), ctx.cast(ws, torch.float32))
         part = ctx.cast(prod, torch.int32)
         out = part if out is None else ctx.emit("add", [out, part])
