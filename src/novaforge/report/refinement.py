@@ -22,7 +22,7 @@ def format_refinement(refiner: Any, limit: int = 30) -> str:
         return "no refinement (option refine=False, or this program is not refined: see the `refine` log)"
     rows = refiner.rows()
     lines = [f"refinement: {refiner.phase} after {refiner.calls} calls "
-             f"(every {refiner.every}th call sampled; {refiner.sampled} sampled)",
+             f"(one call in {refiner.every} sampled; {refiner.sampled} sampled)",
              f"{'kernel':<28} {'predicted us':>12} {'measured us':>12}  tried (variant: us)        kept  note"]
     for r in rows[:limit]:
         tried = ", ".join(f"{v}: {ns / 1e3:.1f}" for v, ns in sorted(r.tried.items())) or "-"
