@@ -64,6 +64,7 @@ def _count_values(g: Graph) -> int:
 
 def graph_passes() -> list[tuple[str, Pass]]:
     """The graph-level passes, in order (before fusion)."""
+    from .expand_int_matmul import expand_int_matmul
     from .fuse_attention import fuse_attention
     from .hoist_size_only import hoist_size_only
     from .recognize_activations import recognize_activations
@@ -75,6 +76,7 @@ def graph_passes() -> list[tuple[str, Pass]]:
     return [
         ("dce", dce),
         ("cse", cse),
+        ("expand_int_matmul", expand_int_matmul),  # (off the CPU: int8 products as exact float32 math)
         ("recognize_int8_weights", recognize_int8_weights),  # (before fold_constants: keeps W int8)
         ("fold_constants", fold_constants),
         ("simplify", simplify),

@@ -42,6 +42,7 @@ import torch
 from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
 from ..ir.graph import Attrs
+from ..ir.ops.matmul import exact_int_matmul
 from ..ir.specialize import python_scalar, specialize
 from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
 from ..ir.types import TensorType
@@ -445,6 +446,12 @@ class CpuProgram:
         out, out_shape = st.out, tuple(st.attrs.get("out_shape", ()))
         if st.kind == "matmul":
             (sa, la), (sb, lb) = st.operands
+            if st.attrs.get("out_dtype") is not None:  # int8 x int8 summed exactly in int32
+
+                def run_int_mm() -> None:
+                    exact_int_matmul(_view(env[sa], la), _view(env[sb], lb), out=env[out].view(out_shape))
+
+                return run_int_mm
             if fixed and self.slots[out].kind in ("arena", "scratch") and env[sa].dtype == env[sb].dtype:
                 a, b, o = _view(env[sa], la), _view(env[sb], lb), env[out].view(out_shape)
 

@@ -6,9 +6,9 @@ Two ways a user gets such a model: a hand-written dequantize (`x @ W_int8.t().fl
 and torchao's `quantize_(model, Int8WeightOnlyConfig())` (its `Int8Tensor` weights decompose to the
 same ATen ops; capture binds their inner tensors, frontend/subclass_state.py). Also checked: the
 model's weights reassigned or changed in place after the compile are seen, frozen or not, and
-torchao's dynamic-activation config gives eager's results, its `aten._int_mm` computed by our
-GEMMs (float32 products over K chunks small enough to be exact; the weight stays int8: nf_gemm's
-int8-B path), not by ATen's scalar loop.
+torchao's dynamic-activation config gives eager's results, its `aten._int_mm` computed by nf_gemm's
+int8 x int8 kernel (exact int32 sums; tests/codegen/test_gemm_s8.py tests the kernel itself), not by
+ATen's scalar loop.
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ def test_torchao_dynamic_int8_both_entries():
     with torch.no_grad():
         ref = model(x)
         for name, f in _entries(model).items():
-            before = sum(gemm.i8_counts().values())
+            before = sum(gemm.s8_counts().values())
             torch.testing.assert_close(f(x), ref, atol=1e-4, rtol=1e-4, msg=name)
-            assert sum(gemm.i8_counts().values()) > before, name  # the int8 weight went to nf_gemm_i8w
+            assert sum(gemm.s8_counts().values()) > before, name  # int8 x int8 went to nf_gemm_s8s8
         stats = _entries(model)["novaforge.compile"]
         stats(x)
         assert not [t for t, _ in stats.stats().captured.externs if "_int_mm" in t]
@@ -206,3 +206,35 @@ def test_weight_int8pack_mm_is_lowered_to_the_int8_kernel(rows):
     report = str(novaforge.explain(model, x))
     externs = report.split("-- extern ops (ATen calls kept as is) --\n", 1)[1].split("\n\n", 1)[0]
     assert externs.strip() == "none", externs
+
+
+INT_MM_FORMS = {  # (a, b, s) -> ...; how the product runs
+    "cast and scales (float C, fused epilogue)": lambda a, b, s: torch._int_mm(a, b.t()).to(torch.float32) * s + 1,
+    "the int32 result itself": lambda a, b, s: torch._int_mm(a, b.t()),
+    "int32 arithmetic after it (library step)": lambda a, b, s: torch._int_mm(a, b.t()) * 3 - 7,
+    "both the int32 and a float use": lambda a, b, s: (torch._int_mm(a, b.t()), torch._int_mm(a, b.t()).float() * s),
+}
+
+
+@pytest.mark.parametrize("form", list(INT_MM_FORMS))
+@pytest.mark.parametrize("path", ["avx2", "portable"])
+def test_int_mm_forms_on_both_entries(form, path):
+    if path == "avx2" and gemm.s8_path() != "avx2":
+        pytest.skip("this build of nf_gemm has no AVX2 int8 kernel")
+    fn = INT_MM_FORMS[form]
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(-128, 128, (21, 200), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 128, (40, 200), dtype=torch.int8, generator=g)
+    s = torch.rand(40, generator=g)
+    ref = fn(a, b, s)
+    torch._dynamo.reset()
+    with gemm.forced_s8_path(path):
+        for name, f in {"novaforge.compile": novaforge.compile(fn),
+                        "torch.compile": torch.compile(fn, backend="novaforge", dynamic=False)}.items():
+            before = gemm.s8_counts()[path]
+            got = f(a, b, s)
+            # the first two on nf_gemm_s8s8; the others on the exact library step (runtime/cpu_program.py)
+            assert (gemm.s8_counts()[path] > before) == (form in list(INT_MM_FORMS)[:2]), (name, form)
+            for x, y in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,),
+                            strict=True):
+                assert x.dtype == y.dtype and torch.equal(x, y), (name, form)

@@ -179,9 +179,11 @@ class CpuBackend:
             written = frozenset(j for j, s in enumerate(outs) if layout.slots[s].kind == "input")
             skey = kernel.structural_key
             variant = (variants or {}).get(skey, stored.get(skey, 0))
-            plan = self.plan(kernel, target, consts if use_packing else frozenset(), written, layout.inplace.get(id(n)),
-                             variant)
-            if timers and plan.kind == "gemm" and consts and not use_packing:
+            # an int8 x int8 product's constant weight is always packed (int8 panels: its bytes once more)
+            int8_product = kernel.anchor_node is not None and kernel.anchor_node.attrs.get("out_dtype") is not None
+            plan = self.plan(kernel, target, consts if use_packing or int8_product else frozenset(), written,
+                             layout.inplace.get(id(n)), variant)
+            if timers and plan.kind == "gemm" and consts and not use_packing and not int8_product:
                 # a GEMM's variants are its B layouts: 0 as planned (the weight read in place), 1 packed
                 # panels of the constant weight (what pack_weights does for every GEMM), for this kernel
                 packed = self.plan(kernel, target, consts, written, layout.inplace.get(id(n)))

@@ -10,6 +10,12 @@ The generated function calls, by B's layout (B(k, n) = B[k*rs_b + n*cs_b]):
 * `nf_gemm_i8w` for a float32 A times an int8 B (weight-only quantization, passes/
   recognize_int8_weights.py): never packed at build time, the weight stays int8; the streaming
   decode path reads W [N, K] int8 in place, larger products convert it while packing a block;
+* `nf_gemm_s8s8(_packed)` for an int8 A times an int8 B summed exactly in int32 (`out_dtype=int32`:
+  aten._int_mm, dynamic int8 quantization): a constant B is always packed at build time into int8
+  k-pair panels (its bytes once more, whatever `pack_weights` says); the library writes float(acc)
+  when the epilogue's only use of the int32 result is a cast to float32 (that cast is the library's
+  conversion, the rest is the usual epilogue), or the int32 result itself when it is stored as is;
+  any other use of the int32 result runs the exact library step instead (runtime/cpu_program.py);
 * otherwise nothing is copied: `nf_gemm_nt_mixed` (dot-product kernel) when B is k-contiguous
   (rs_b = 1: an nn.Linear weight [N, K] seen as W^T), `nf_sgemm` / `nf_gemm_mixed` for other
   layouts (row-major B, e.g. a Conv1D weight [K, N], is read in place by the micro-kernel; strided B
@@ -45,7 +51,7 @@ nf_gemm (the library key includes it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -84,7 +90,8 @@ class GemmPlan:
     inplace: int | None
     scratch: TensorType  # float32 C when dst == "scratch"
     pack: Operand | None  # B operand packed at build time (a constant)
-    pack_layout: str = "f32"  # "f32": nf_sgemm_pack_b(_bf16) panels; "vnni": nf_gemm_pack_b_vnni (bf16 x bf16)
+    pack_layout: str = "f32"  # "f32": nf_sgemm_pack_b(_bf16) panels; "vnni": nf_gemm_pack_b_vnni (bf16 x bf16);
+    # "s8": nf_gemm_pack_b_s8 (int8 x int8)
     entry: str = ""  # the nf_gemm entry the function calls (the report names it)
 
 
@@ -192,6 +199,17 @@ def _peel(epi: Graph, space: tuple[int, ...], bias_dtypes: tuple[torch.dtype, ..
     return epi, bias_buf, bias_off, act
 
 
+def _float_anchor(epi: Graph) -> Graph | None:
+    """An int8 x int8 product's epilogue whose only use of the int32 result is a cast to float32, with
+    that cast's output as the epilogue's input (the library writes float(acc), the same conversion);
+    None otherwise."""
+    n = _sole_consumer(epi, epi.inputs[0].value)
+    if n is None or n.op != "cast" or n.outputs[0].type.dtype != torch.float32:
+        return None
+    inputs = [replace(epi.inputs[0], value=n.outputs[0])] + list(epi.inputs[1:])
+    return Graph(inputs, [m for m in epi.nodes if m is not n], epi.outputs)
+
+
 def _materialize(epi: Graph) -> Graph:
     """`epi` with the anchor passed through a same-dtype cast before its consumers: after peeling,
     a bf16 graph's epilogue can be just `out = reshape(anchor)` (a float32 C rounded on store), and a
@@ -227,20 +245,33 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     except Unsupported:
         return None
     geo = _geometry(a, b, a_t)
-    if geo is None or geo.K == 0 or a.dtype not in (torch.float32, torch.bfloat16):
+    s8 = anchor.attrs.get("out_dtype") == torch.int32  # int8 x int8, exact int32 sums (nf_gemm_s8s8)
+    c_int32 = False
+    if s8:
+        if geo is None or geo.batched:
+            return None
+        float_epi = _float_anchor(epi)
+        if float_epi is not None:  # (the library writes float(acc): the epilogue's leading cast)
+            epi = float_epi
+        elif _is_anchor_store(epi):
+            c_int32 = True  # the int32 result itself, stored directly
+        else:
+            return None
+    elif geo is None or geo.K == 0 or a.dtype not in (torch.float32, torch.bfloat16):
         return None
     i8 = b.dtype == torch.int8 and a.dtype == torch.float32  # weight-only int8 (nf_gemm_i8w)
-    if b.dtype not in (torch.float32, torch.bfloat16) and not i8:
+    if b.dtype not in (torch.float32, torch.bfloat16) and not i8 and not s8:
         return None
     if i8 and geo.batched:
         return None
-    packed = b.buf in const_bufs and not geo.batched and not i8  # (an int8 weight stays int8)
+    # (an int8 weight stays int8: weight-only, as is; int8 x int8, in int8 panels, the backend packs those always)
+    packed = b.buf in const_bufs and not geo.batched and not i8
     mixed = torch.bfloat16 in (a.dtype, b.dtype)
     vnni = packed and a.dtype == b.dtype == torch.bfloat16 and target.has_bf16_dot
     if geo.batched and mixed:
         return None
     # B = W^T with W [N, K] contiguous along K: the dot-product kernel reads it in place
-    nt = not packed and not geo.batched and geo.b[1] == 1 and geo.b[2] != 1
+    nt = not packed and not geo.batched and geo.b[1] == 1 and geo.b[2] != 1 and not s8
     for o in body.outputs:
         check_dtype(o.type.dtype)
     # the bf16 entries (nf_gemm_mixed, nf_gemm_nt_mixed, nf_gemm_bf16_packed, nf_gemm_bf16_vnni_packed)
@@ -259,7 +290,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     ins, outs = body_dtypes(epi)
     ins[0] = torch.float32  # C is float32 whatever the anchor's dtype
     tile: tuple[str, BodyInfo] | None = None
-    direct = _is_anchor_store(epi) and epi.outputs[0].type.dtype == torch.float32
+    direct = _is_anchor_store(epi) and epi.outputs[0].type.dtype == (torch.int32 if c_int32 else torch.float32)
     if not direct and (bias_buf is not None or act) and _is_anchor_store(epi):
         epi = _materialize(epi)
     inplace = None
@@ -283,8 +314,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     # epilogue (not on the dot-product entry, which has no such mode)
     local = not direct and inplace is None and tile is not None and not nt and not i8
     dst = "direct" if direct else ("inplace" if inplace is not None else ("local" if local else "scratch"))
-    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|i8={i8}|bias={bias_buf},{bias_off},{int(bias16)}|act={act}"
-            f"|direct={direct}|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
+    desc = (f"gemm|{geo}|packed={packed}|vnni={vnni}|nt={nt}|i8={i8}|s8={s8},{int(c_int32)}"
+            f"|bias={bias_buf},{bias_off},{int(bias16)}|act={act}|direct={direct}|inplace={inplace}|local={local}|{a.layout}|{b.layout}")
     flops = 2.0 * hint(geo.batch) * hint(geo.M) * hint(geo.N) * hint(geo.K)
     threads = max(1, min(target.threads, int(flops // GEMM_MIN_FLOPS_PER_THREAD)))
     sched = CpuSchedule("matmul", threads=threads, vector=target.vector_floats)
@@ -292,7 +323,8 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
     name = function_name(key, sched, "m")
     n_in, n_out = len(body.inputs), len(body.outputs)
     n_args = 1 + n_in + n_out + (1 if packed else 0)
-    a_ptr = f"((const {'float' if a.dtype == torch.float32 else 'uint16_t'}*)p{1 + a.buf} + {a.layout.offset})"
+    a_ctype = {torch.float32: "float", torch.bfloat16: "uint16_t", torch.int8: "int8_t"}[a.dtype]
+    a_ptr = f"((const {a_ctype}*)p{1 + a.buf} + {a.layout.offset})"
     tile_name = name + "_tile"
 
     def render() -> str:
@@ -301,7 +333,7 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         pf = None
         if tile is not None:
             text = render_tile_epilogue(tile_name, ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args)
-            if not nt and not i8:  # (the nf_sgemm-family entries call it)
+            if not nt and not i8 and not s8:  # (the nf_sgemm-family entries call it)
                 pf = render_tile_prefetch(tile_name + "_pf", ins, outs, tile[1], batch_dims, row_dims, col_dim, n_args,
                                           c_output=inplace)
                 text += pf or ""
@@ -322,7 +354,16 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         tail = f", {bias_bf16}" if bias16 else ""  # (nf_epilogue.bias_bf16; zero when left out)
         code(f"nf_epilogue ep = {{{bias}, {act}, nullptr, 0, 0, {tfn if tile else 'nullptr'}, ctx, {pfn}{tail}}};")
         c_ptr = "(float*)nullptr" if local else "(float*)p0"
-        if vnni:
+        if s8:
+            c_arg = "(void*)nullptr" if local else "(void*)p0"
+            tail = f"{c_arg}, {geo.N}, {int(c_int32)}, 0, {'nullptr' if c_int32 else '&ep'}, {threads});"
+            if packed:
+                code(f"nf_gemm_s8s8_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "
+                     f"(const int8_t*)p{n_args - 1}, {tail}")
+            else:
+                code(f"nf_gemm_s8s8({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "
+                     f"((const int8_t*)p{1 + b.buf} + {b.layout.offset}), {geo.b[1]}, {geo.b[2]}, {tail}")
+        elif vnni:
             code(f"nf_gemm_bf16_vnni_packed({geo.M}, {geo.N}, {geo.K}, {a_ptr}, {geo.a[1]}, {geo.a[2]}, "
                  f"(const uint16_t*)p{n_args - 1}, {c_ptr}, {geo.N}, 0, &ep, {threads});")
         elif packed:
@@ -358,7 +399,9 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         return text + code.text()
 
     gen = GenKernel(name, n_args, render, sched, key)
-    if vnni:
+    if s8:
+        entry = ("nf_gemm_s8s8_packed" if packed else "nf_gemm_s8s8") + (" (int32 C)" if c_int32 else "")
+    elif vnni:
         entry = "nf_gemm_bf16_vnni_packed"
     elif packed:
         entry = "nf_gemm_bf16_packed" if a.dtype == torch.bfloat16 else "nf_sgemm_packed"
@@ -368,4 +411,4 @@ def plan_gemm(kernel: Kernel, epi: Graph, target: CpuTarget, const_bufs: frozens
         entry = "nf_gemm_nt_mixed" if nt else "nf_gemm_mixed" if mixed else "nf_sgemm_batched" if geo.batched \
             else "nf_sgemm"
     return GemmPlan(gen, dst, inplace, TensorType(tuple(a_t.shape), torch.float32), b if packed else None,
-                    "vnni" if vnni else "f32", entry)
+                    "s8" if s8 else "vnni" if vnni else "f32", entry)

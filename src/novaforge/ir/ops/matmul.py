@@ -5,7 +5,9 @@ elementwise ops (bias, activation, residual add, cast) on the anchor's output.
 
 Invariant: operands share one float or integer dtype (matmul), except a weight-only quantized
 product: a float A times an int8 B computes A @ B.to(A's dtype) in A's dtype (only the pass
-recognize_int8_weights builds it; lowering keeps eager's same-dtype rule) / one float dtype
+recognize_int8_weights builds it; lowering keeps eager's same-dtype rule); int8 A and int8 B with
+`out_dtype=torch.int32` sum the products exactly in int32 (`aten._int_mm`; the CPU backend runs
+nf_gemm's int8 kernel, other backends the float32 form of passes/expand_int_matmul.py) / one float dtype
 (attention); batch dimensions broadcast; attention's key/value heads divide the query heads (GQA).
 """
 
@@ -24,7 +26,12 @@ FAMILY = "matmul"
 
 def _matmul_infer(ts, a):
     x, y = ts
-    dt = x.dtype if is_int8_weight_product(x.dtype, y.dtype) else same_dtype("matmul", ts)
+    if a.get("out_dtype") is not None:
+        if (x.dtype, y.dtype, a["out_dtype"]) != (torch.int8, torch.int8, torch.int32):
+            raise TypeError(f"matmul: out_dtype={a['out_dtype']} needs int8 operands and int32 (got {x} and {y})")
+        dt = torch.int32
+    else:
+        dt = x.dtype if is_int8_weight_product(x.dtype, y.dtype) else same_dtype("matmul", ts)
     if x.rank < 2 or y.rank < 2:
         raise ValueError(f"matmul: operands need rank >= 2, got {x} and {y}")
     if x.shape[-1] != y.shape[-2]:
@@ -40,15 +47,38 @@ def is_int8_weight_product(a: torch.dtype, b: torch.dtype) -> bool:
 
 def _matmul_eval(xs, a):
     x, y = xs
+    if a.get("out_dtype") is not None:
+        return exact_int_matmul(x, y)
     return torch.matmul(x, y.to(x.dtype) if is_int8_weight_product(x.dtype, y.dtype) else y)
+
+
+INT_MM_EXACT_K = 1024  # K per float32 product of int8 operands: |partial sums| <= 1024 * 128 * 128 = 2^24
+
+
+def exact_int_matmul(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int8 x @ int8 y summed exactly in int32, as `aten._int_mm` (batched operands broadcast): float32
+    products over chunks of K of at most INT_MM_EXACT_K, each exact (every partial sum is an integer of
+    magnitude <= 2^24, exactly representable in any summation order), converted to int32 and added in
+    int32 (wrapping as eager's int32 accumulator would)."""
+    K = x.shape[-1]
+    acc = None
+    for k0 in range(0, max(K, 1), INT_MM_EXACT_K):
+        part = torch.matmul(x[..., k0:k0 + INT_MM_EXACT_K].float(), y[..., k0:k0 + INT_MM_EXACT_K, :].float())
+        part = part.to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    if out is not None:
+        out.copy_(acc)
+        return out
+    return acc
 
 
 def _matmul_flops(ins, outs, attrs) -> float:
     return 2.0 * outs[0].numel * ins[0].shape[-1]
 
 
-matmul_ = define("matmul", 2, _matmul_infer, _matmul_eval, flags={"anchor"},
-                 doc="batched matmul [..., M, K] @ [..., K, N] with broadcast batch dimensions", family=FAMILY,
+matmul_ = define("matmul", 2, _matmul_infer, _matmul_eval, flags={"anchor"}, attrs={"out_dtype": None},
+                 doc="batched matmul [..., M, K] @ [..., K, N] with broadcast batch dimensions; int8 operands with "
+                     "out_dtype=torch.int32 sum exactly in int32 (aten._int_mm)", family=FAMILY,
                  cost=_matmul_flops)
 
 
@@ -126,31 +156,13 @@ def _lower_weight_int8pack_mm(ctx, x, weight, scales):
     return ctx.emit("mul", [out, ctx.cast(ctx.val(scales), out.type.dtype)])
 
 
-INT_MM_EXACT_K = 1024  # K per float32 product of int8 operands: |partial sums| <= 1024 * 128 * 128 = 2^24
-
-
 @matmul_.lowers(aten._int_mm.default)
 def _lower_int_mm(ctx, a, b):
-    """int8 [M, K] x int8 [K, N] -> int32 (torchao's dynamic int8 activations x int8 weights).
-    ATen's CPU kernel for it is a scalar loop on a CPU without VNNI/AMX (3.8 s for GPT-2's prefill
-    on a Zen 3). Here: float32 products over chunks of K of at most INT_MM_EXACT_K, each exact
-    (every partial sum is an integer of magnitude <= 2^24, exactly representable, whatever the
-    summation order), converted to int32 and added in int32: eager's result bit for bit, at the
-    float32 GEMM's rate; a constant int8 weight stays int8 (recognize_int8_weights: nf_gemm's
-    int8-B product)."""
-    x, w = ctx.val(a), ctx.val(b)
-    K = x.type.shape[-1]
-    if not isinstance(K, int):  # (a symbolic K: chunks need its value)
-        return ctx.extern("aten._int_mm with a symbolic inner dimension")
-    out = None
-    for k0 in range(0, max(K, 1), INT_MM_EXACT_K):
-        k1 = min(K, k0 + INT_MM_EXACT_K)
-        xs = x if k1 - k0 == K else ctx.emit("slice", [x], axis=x.type.rank - 1, start=k0, stop=k1, step=1)
-        ws = w if k1 - k0 == K else ctx.emit("slice", [w], axis=w.type.rank - 2, start=k0, stop=k1, step=1)
-        prod = matmul(ctx, ctx.cast(xs, torch.float32), ctx.cast(ws, torch.float32))
-        part = ctx.cast(prod, torch.int32)
-        out = part if out is None else ctx.emit("add", [out, part])
-    return out
+    """int8 [M, K] x int8 [K, N] -> int32 (torchao's dynamic int8 activations x int8 weights): one
+    exact int32 product. ATen's CPU kernel for it is a scalar loop on a CPU without VNNI/AMX (3.8 s
+    for GPT-2's prefill on a Zen 3); the CPU backend runs nf_gemm's int8 x int8 kernel (a constant
+    weight packed once, int8), the Triton backend the exact float32 form (passes/expand_int_matmul.py)."""
+    return ctx.emit("matmul", [ctx.val(a), ctx.val(b)], out_dtype=torch.int32)
 
 
 # --------------------------------------------------------------------------- attention

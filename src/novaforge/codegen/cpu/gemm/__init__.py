@@ -1,5 +1,5 @@
-"""novaforge's CPU float32 GEMM: a BLIS-style packed-B kernel library plus a dot-product kernel
-that reads nn.Linear weights in place (C API in nf_gemm.h).
+"""novaforge's CPU GEMM: a BLIS-style packed-B kernel library plus a dot-product kernel that reads
+nn.Linear weights in place, native bf16 and exact int8 x int8 products (C API in nf_gemm.h).
 
 Invariant: this package only builds/loads the C library and wraps it; generated code talks to
 the same library through nf_gemm.h (include_dir(), link_args()), so Python and generated C++
@@ -17,15 +17,20 @@ from .ops import (
     blocking,
     bmm,
     forced_bf16_path,
+    forced_s8_path,
     i8_counts,
+    int_mm,
     isa,
     linear,
     linear_block,
     matmul,
     matmul_block,
     pack_b,
+    pack_b_s8,
     pack_b_vnni,
     panel_width,
+    s8_counts,
+    s8_path,
 )
 
 __all__ = [
@@ -39,6 +44,11 @@ __all__ = [
     "bmm",
     "cache_sizes",
     "forced_bf16_path",
+    "forced_s8_path",
+    "int_mm",
+    "pack_b_s8",
+    "s8_counts",
+    "s8_path",
     "include_dir",
     "isa",
     "library_path",

@@ -35,7 +35,7 @@ from pathlib import Path
 from .... import settings
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp", "nf_gemm_bf16.cpp", "nf_gemv.cpp")
+SOURCES = ("nf_gemm.cpp", "nf_gemm_nt.cpp", "nf_gemm_bf16.cpp", "nf_gemv.cpp", "nf_gemm_s8.cpp")
 HEADERS = ("nf_gemm.h", "nf_gemm_simd.h", "nf_gemm_kernel.h", "nf_gemm_dot.h", "nf_gemm_bcast.h", "nf_gemm_internal.h")
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
 ISA_FLAGS = {
@@ -305,6 +305,7 @@ class Epilogue(ctypes.Structure):
 ACTS = {"none": 0, "relu": 1, "gelu": 2, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 ISAS = {0: "generic", 1: "avx2", 2: "avx512"}
 BF16_PATHS = {0: "convert", 1: "avx512_bf16", 2: "amx"}  # enum nf_bf16_path
+S8_PATHS = {0: "portable", 1: "avx2"}  # enum nf_s8_path
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _EP = ctypes.POINTER(Epilogue)
@@ -341,6 +342,13 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "nf_gemm_vnni_size": (_L, [_L, _L]),
     "nf_gemm_pack_b_vnni": (None, [_L, _L, _P, _L, _L, _P]),
     "nf_gemm_bf16_vnni_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _EP, _I]),
+    "nf_gemm_s8_path": (_I, []),
+    "nf_gemm_set_s8_path": (None, [_I]),
+    "nf_gemm_s8_counts": (None, [_P]),
+    "nf_gemm_s8_packed_size": (_L, [_L, _L]),
+    "nf_gemm_pack_b_s8": (None, [_L, _L, _P, _L, _L, _P]),
+    "nf_gemm_s8s8": (None, [_L, _L, _L, _P, _L, _L, _P, _L, _L, _P, _L, _I, _I, _EP, _I]),
+    "nf_gemm_s8s8_packed": (None, [_L, _L, _L, _P, _L, _L, _P, _P, _L, _I, _I, _EP, _I]),
 }
 
 

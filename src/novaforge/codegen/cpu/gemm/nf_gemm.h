@@ -126,6 +126,22 @@ void nf_gemm_i8w(long M, long N, long K, const float* A, long rs_a, long cs_a, c
 /* counts[0] += nf_gemm_i8w calls on the streaming GEMV, counts[1] += calls on the packed path (2 longs) */
 void nf_gemm_i8_counts(long* counts);
 
+/* ---- int8 A times int8 B, exact int32 accumulation (nf_gemm_s8.cpp; dynamic int8 quantization) ----
+ * acc = A @ B summed exactly in int32 (aten._int_mm), B(k, n) = B[k*rs_b + n*cs_b] packed on the fly, or Bp from
+ * nf_gemm_pack_b_s8 (int8 k-pair panels of 16 columns: the weight's bytes once more). c_int32 = 1: C is int32
+ * (row stride ldc) and gets acc (no epilogue, no accumulate); else C is float32 and gets
+ * act(float(acc) [+ C_old] + bias) + residual, then tile_fn, as the float entries (C == NULL with a tile_fn:
+ * per-thread blocks). AVX2 (vpmaddwd on sign-extended k pairs) where the build has it, else a portable tile. */
+enum nf_s8_path { NF_S8_PORTABLE = 0, NF_S8_AVX2 = 1 };
+int nf_gemm_s8_path(void);
+void nf_gemm_set_s8_path(int path); /* tests: force the portable path (0); -1: the build's best */
+void nf_gemm_s8_counts(long* counts); /* calls per path since load (2 longs) */
+long nf_gemm_s8_packed_size(long K, long N); /* in bytes */
+void nf_gemm_pack_b_s8(long K, long N, const int8_t* B, long stride_k, long stride_n, int8_t* packed);
+void nf_gemm_s8s8(long M, long N, long K, const int8_t* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,
+                  void* C, long ldc, int c_int32, int accumulate, const nf_epilogue* ep, int nthreads);
+void nf_gemm_s8s8_packed(long M, long N, long K, const int8_t* A, long rs_a, long cs_a, const int8_t* Bp, void* C,
+                         long ldc, int c_int32, int accumulate, const nf_epilogue* ep, int nthreads);
 /* ---- GEMM with B = W^T, W row-major [N, K] (an nn.Linear weight), no packed copy of W ----
  * C = A @ W^T with W(j, k) = W[j*ldw + k]. With few rows (M < 96: decode) a dot-product micro-kernel
  * (nf_sgemm_nt_mr() rows of A x nf_sgemm_nt_nr() rows of W) reads both operands along K in place; its

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .build import ACTS, BF16_PATHS, ISAS, Epilogue, load
+from .build import ACTS, BF16_PATHS, ISAS, S8_PATHS, Epilogue, load
 
 _override: list[ctypes.CDLL] = []
 
@@ -63,6 +63,30 @@ def i8_counts() -> dict[str, int]:
     return {"gemv": int(arr[0]), "packed": int(arr[1])}
 
 
+def s8_path() -> str:
+    """The path int8 x int8 products (`nf_gemm_s8s8`) take now: 'avx2' or 'portable'."""
+    return S8_PATHS[lib().nf_gemm_s8_path()]
+
+
+def s8_counts() -> dict[str, int]:
+    """int8 x int8 calls per path since the library was loaded."""
+    arr = (ctypes.c_long * 2)()
+    lib().nf_gemm_s8_counts(arr)
+    return {name: int(arr[i]) for i, name in S8_PATHS.items()}
+
+
+@contextlib.contextmanager
+def forced_s8_path(name: str) -> Iterator[None]:
+    """Run int8 x int8 products on `name` ('portable', or the build's best) inside the block; process-wide."""
+    code = {v: k for k, v in S8_PATHS.items()}[name]
+    library = lib()
+    library.nf_gemm_set_s8_path(code)
+    try:
+        yield
+    finally:
+        library.nf_gemm_set_s8_path(-1)
+
+
 @contextlib.contextmanager
 def forced_bf16_path(name: str) -> Iterator[None]:
     """Run bf16 products on the path `name` (or the best below it the CPU has) inside the block;
@@ -105,7 +129,8 @@ class PackedB:
     data: torch.Tensor
     K: int
     N: int
-    layout: str = "f32"  # "f32": float32 panels (pack_b); "vnni": bf16 k-pair panels (pack_b_vnni)
+    layout: str = "f32"  # "f32": float32 panels (pack_b); "vnni": bf16 k-pair panels (pack_b_vnni); "s8": int8
+    # k-pair panels (pack_b_s8)
 
     def ptr(self) -> int:
         return self.data.data_ptr()
@@ -142,10 +167,54 @@ def pack_b_vnni(b: torch.Tensor) -> PackedB:
     return PackedB(out, K, N, "vnni")
 
 
+def pack_b_s8(b: torch.Tensor) -> PackedB:
+    """Pack an int8 B[K, N] (any strides) into nf_gemm's int8 k-pair panels (`nf_gemm_pack_b_s8`, the same
+    layout on every CPU) for `int_mm`. For an nn.Linear weight pass W.t()."""
+    _check_cpu(b, "b", (torch.int8,))
+    if b.dim() != 2:
+        raise ValueError(f"pack_b_s8 expects a 2-D [K, N] tensor, got shape {tuple(b.shape)}")
+    out = packed_buffer(b, "s8")
+    pack_into(b, out, "s8")
+    return PackedB(out, b.shape[0], b.shape[1], "s8")
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor | PackedB, *, out_dtype: torch.dtype = torch.int32,
+           bias: torch.Tensor | None = None, act: str = "none", residual: torch.Tensor | None = None,
+           nthreads: int = 0) -> torch.Tensor:
+    """int8 a[M, K] @ int8 b[K, N] (any strides, or `pack_b_s8`) summed exactly in int32: `torch._int_mm(a, b)`
+    (out_dtype int32), or act(that.float() + bias) + residual (out_dtype float32)."""
+    _check_cpu(a, "a", (torch.int8,))
+    if a.dim() != 2:
+        raise ValueError("int_mm expects a 2-D a")
+    M, K = a.shape
+    N = b.N if isinstance(b, PackedB) else b.shape[1]
+    if (b.K if isinstance(b, PackedB) else b.shape[0]) != K:
+        raise ValueError(f"inner dimensions differ: a {tuple(a.shape)}, b {b.K if isinstance(b, PackedB) else b.shape}")
+    if out_dtype == torch.int32:
+        if bias is not None or act != "none" or residual is not None:
+            raise ValueError("an int32 result takes no epilogue")
+        c, ep = torch.empty(M, N, dtype=torch.int32), None
+    else:
+        c, ep, keep = _output_and_epilogue((M, N), None, bias, act, residual)
+    c_int32 = int(out_dtype == torch.int32)
+    if isinstance(b, PackedB):
+        if b.layout != "s8":
+            raise ValueError(f"int_mm needs B packed by pack_b_s8, got layout {b.layout!r}")
+        lib().nf_gemm_s8s8_packed(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.ptr(), c.data_ptr(), c.stride(0),
+                                  c_int32, 0, _ep_ptr(ep), nthreads)
+    else:
+        _check_cpu(b, "b", (torch.int8,))
+        lib().nf_gemm_s8s8(M, N, K, a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0), b.stride(1),
+                           c.data_ptr(), c.stride(0), c_int32, 0, _ep_ptr(ep), nthreads)
+    return c
+
+
 def packed_buffer(b: torch.Tensor, layout: str = "f32") -> torch.Tensor:
     """An empty flat buffer for B[K, N] packed in `layout` ("f32": float32 panels, "vnni": bf16 VNNI
-    panels, stored as int16); fill it with `pack_into`."""
+    panels, stored as int16, "s8": int8 k-pair panels); fill it with `pack_into`."""
     K, N = b.shape
+    if layout == "s8":
+        return torch.empty(max(int(lib().nf_gemm_s8_packed_size(K, N)), 1), dtype=torch.int8)
     if layout == "vnni":
         return torch.empty(max(int(lib().nf_gemm_vnni_size(K, N)), 1), dtype=torch.int16)
     return torch.empty(max(int(lib().nf_sgemm_packed_size(K, N)), 1), dtype=torch.float32)
@@ -156,7 +225,10 @@ def pack_into(b: torch.Tensor, out: torch.Tensor, layout: str = "f32") -> None:
     K, N = b.shape
     if not (K and N):
         return
-    if layout == "vnni":
+    if layout == "s8":
+        _check_cpu(b, "b", (torch.int8,))
+        lib().nf_gemm_pack_b_s8(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
+    elif layout == "vnni":
         _check_cpu(b, "b", (torch.bfloat16,))
         lib().nf_gemm_pack_b_vnni(K, N, b.data_ptr(), b.stride(0), b.stride(1), out.data_ptr())
     else:
