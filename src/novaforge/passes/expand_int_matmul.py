@@ -12,8 +12,8 @@ Applies when: the backend is neither the CPU nor the IR interpreter.
 
 Invariant: the same int32 values: each chunk's float32 sums are integers of magnitude <= 2^24 whatever
 the summation order (exact), and the chunks are added in int32 as eager's accumulator adds (the float64
-form converts its exact sum once; beyond 2^31 eager's int32 sum wraps while the conversion saturates,
-which needs K > 131072).
+form converts its exact sum once; it differs from eager's wrapping int32 sum only beyond 2^31, which needs
+K > 131072).
 """
 
 from __future__ import annotations
