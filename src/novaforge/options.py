@@ -49,6 +49,7 @@ class Options:
     symbolic_programs: bool = True  # dynamic graphs: one program for every size (backends that build them: cpu, triton)
     tiered: bool = True  # dynamic graphs: a new size runs eagerly until its calls cost one build (runtime/tiering.py)
     static_parts: bool = True  # torch.compile, dynamic graphs: that eager run uses compiled static parts
+    overlap_collectives: bool = True  # issue torch.distributed collectives early, wait late (overlap_collectives.py)
     # -- CPU backend
     pack_weights: bool = False  # keep packed copies of constant matmul weights
     profile: bool = False  # time every launch

@@ -197,7 +197,7 @@ def test_full_pipeline_keeps_results_on_a_small_model():
     x = torch.randn(2, 5, 32)
     g = captured_graph(model, x, freeze=True)
     g2, records = run_pipeline(g, options={}, check=True)
-    assert [r.name for r in records][-4:] == ["fuse", "place", "order", "plan_memory"]
+    assert [r.name for r in records][-5:] == ["fuse", "place", "order", "overlap_collectives", "plan_memory"]
     with torch.no_grad():
         ref = model(x)
     (out,) = interpret(g2, [x])

@@ -120,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workloads = _csv(args.workload)
     unknown = [w for w in workloads if w not in WORKLOADS]
+    if not unknown and workloads and (args.parallel is not None or args.nproc > 1):
+        return _distributed(args, workloads)  # (its own runners: bench/distributed.py RUNNERS)
     bad_runners = [r for r in _csv(args.runner) if r != "all" and r not in RUNNERS]
     if unknown or bad_runners or not workloads:
         parser.print_usage(sys.stderr)
         print(f"novaforge bench: unknown workload(s) {unknown} or runner(s) {bad_runners}; see --list", file=sys.stderr)
         return 2
-    if args.parallel is not None or args.nproc > 1:
-        return _distributed(args, workloads)
     if args.procs < 1:
         print("novaforge bench: --procs must be at least 1", file=sys.stderr)
         return 2

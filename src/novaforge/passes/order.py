@@ -14,7 +14,8 @@ hint (an order is a performance choice: any order is correct).
 
 Nodes that draw random numbers or have side effects (dropout's ATen calls, in kernels or not)
 keep their relative order: each depends on the previous one, so the same seed gives the same
-draws as eager's order of the same calls.
+draws as eager's order of the same calls. torch.distributed collectives keep theirs too (a chain
+of their own): every rank must issue them in the same order, the traced one.
 
 A node that computes a mutated graph input's new value is placed after every other reader of
 the input's old value (and of its views) where the dependences allow it, in both orders: the
@@ -25,9 +26,12 @@ a weight after the backward matmul that reads it, so the update needs no fresh b
 from __future__ import annotations
 
 from ..ir import OPS, Graph, Node, Value
+from ..ir.extern import COLLECTIVE
 from ..ir.symbolic import hint
 from ..ir.views import view_roots
 from .context import PassContext
+
+WAIT = COLLECTIVE + "wait_tensor.default"
 
 
 def _peak(nodes: list[Node], escaping: set[Value]) -> tuple[int, int]:
@@ -87,14 +91,45 @@ def _has_effect(n: Node) -> bool:
     return any(OPS[op].has("random") or OPS[op].has("side_effect") for op in ops)
 
 
+def collective_target(n: Node) -> str | None:
+    """The torch.distributed functional collective a top-level node runs (a kernel whose only
+    computation is one `_c10d_functional` extern, or that extern itself: `WAIT` for wait_tensor),
+    else None."""
+    body_nodes = n.attrs["kernel"].body.nodes if n.op == "kernel" else [n]
+    ext = [m for m in body_nodes if m.op.startswith("extern")]
+    if len(ext) != 1:
+        return None
+    target = str(ext[0].attrs.get("target", ""))
+    return target if target.startswith(COLLECTIVE) else None
+
+
+def _is_collective(n: Node) -> bool:
+    target = collective_target(n)
+    return target is not None and target != WAIT
+
+
 def _chain_effects(nodes: list[Node], deps: list[set[int]]) -> None:
-    """Each node with an effect depends on the previous one (their order is kept)."""
-    prev = None
-    for i, n in enumerate(nodes):
-        if _has_effect(n):
-            if prev is not None:
-                deps[i].add(prev)
-            prev = i
+    """Each node with an effect depends on the previous one, and each torch.distributed collective on
+    the previous collective (both orders are kept: every rank issues its collectives in the traced
+    order)."""
+    for kind in (_has_effect, _is_collective):
+        prev = None
+        for i, n in enumerate(nodes):
+            if kind(n):
+                if prev is not None:
+                    deps[i].add(prev)
+                prev = i
+
+
+def dependences(graph: Graph) -> tuple[list[set[int]], int]:
+    """Per top-level node, the nodes it must follow: its producers, the effect and collective
+    chains, and a mutated input's readers before its update; and how many of the last were added."""
+    nodes = graph.nodes
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
+    _chain_effects(nodes, deps)
+    anti = _update_after_readers(graph, nodes, deps) if graph.mutations else 0
+    return deps, anti
 
 
 def _stable_topological(deps: list[set[int]]) -> list[int]:
@@ -124,17 +159,13 @@ def order(graph: Graph, ctx: PassContext | None = None) -> Graph:
     nodes = list(graph.nodes)
     escaping = set(graph.outputs) | {new for _, new in graph.mutations}
     producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
-    deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
-    _chain_effects(nodes, deps)
-    anti = _update_after_readers(graph, nodes, deps) if graph.mutations else 0
+    deps, anti = dependences(graph)
     if anti:
         ctx.count("updates_after_readers", anti)
         nodes = [nodes[i] for i in _stable_topological(deps)]  # the baseline, updates moved last
         graph = Graph(graph.inputs, nodes, graph.outputs, graph.mutations, graph.meta)
         producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
-        deps = [{producer[v] for v in n.inputs if v in producer} for n in nodes]
-        _chain_effects(nodes, deps)
-        _update_after_readers(graph, nodes, deps)
+        deps, _ = dependences(graph)
     users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
     remaining_uses: dict[Value, int] = {}
     for i, n in enumerate(nodes):

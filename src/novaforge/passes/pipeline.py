@@ -96,10 +96,12 @@ def lowering_passes() -> list[tuple[str, Pass]]:
     """Fusion, placement, ordering and memory planning."""
     from .fuse import fuse
     from .order import order
+    from .overlap_collectives import overlap_collectives
     from .place import place
     from .plan_memory import plan_memory
 
-    return [("fuse", fuse), ("place", place), ("order", order), ("plan_memory", plan_memory)]
+    return [("fuse", fuse), ("place", place), ("order", order), ("overlap_collectives", overlap_collectives),
+            ("plan_memory", plan_memory)]
 
 
 def default_pipeline() -> list[tuple[str, Pass]]:

@@ -47,6 +47,7 @@ from ..ir.specialize import python_scalar, specialize
 from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
+from . import collectives
 from .inplace_step import make_runner as make_inplace_runner
 from .interpret import prepare, storage_relative
 from .shared_arena import SharedArena
@@ -316,6 +317,7 @@ class CpuProgram:
         self.run_s = 0.0  # total seconds inside run() (profiling reads it)
         self._profiling = bool(self.info.get("profile"))
         self._step_s = [0.0] * len(steps)
+        self.collectives = collectives.Pending()  # collectives in flight, and the time waits blocked
         # runs the steps instead of the plain loop when set: observer(runners, slot tensors)
         # (runtime/check_numerics.py checks every kernel this way)
         self.observer: Callable[[list[Callable[[], None]], list], None] | None = None
@@ -403,7 +405,9 @@ class CpuProgram:
                     self._written.append(spec.index)
             elif spec.kind == "fresh":
                 self._fresh.append((s, spec.type))
-        self._runners = [self._make_runner(st) for st in self.steps]
+        out_slots = [o.slot for o in self.outputs if o.kind == "slot"]
+        issue = {id(self.steps[i]) for i in collectives.async_steps(self.steps, out_slots)}
+        self._runners = [self._collective_runner(st, issue) or self._make_runner(st) for st in self.steps]
         if self._profiling:
             self._runners = [self._timed(i, r) for i, r in enumerate(self._runners)]
         self._out_slots = [o.slot for o in self.outputs] if all(o.kind == "slot" for o in self.outputs) else None
@@ -424,6 +428,18 @@ class CpuProgram:
         return used
 
     # ------------------------------------------------------------------------ steps
+    def _collective_runner(self, st: StepSpec, issue: set[int]) -> Callable[[], None] | None:
+        """An asynchronous collective's issue or wait step (runtime/collectives.py), else None."""
+        target = collectives.step_collective(st)
+        if target is None:
+            return None
+        if id(st) in issue:
+            arena = {s for s in st.ins if self.slots[s].kind in ("arena", "scratch")}
+            return collectives.issue_runner(st, self._env, self.collectives, arena)
+        if collectives.plain_wait(st):
+            return collectives.wait_runner(st, self._env, self.collectives, self._make_runner(st))
+        return None
+
     def _make_runner(self, st: StepSpec) -> Callable[[], None]:
         env = self._env
         if st.kind == "seg":

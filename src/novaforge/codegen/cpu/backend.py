@@ -159,7 +159,8 @@ class CpuBackend:
                 name = f"nf_seg_{len(segments)}"
                 segments.append((name, current))
                 steps.append(StepSpec("seg", seg=name, label=", ".join(fn for fn, _ in current[:3]), kernel=kernel,
-                                      sites=current_sites))
+                                      sites=current_sites,
+                                      attrs={"slots": sorted({a for _, args in current for a in args})}))
                 current, current_sites = [], []
 
         def launch(fn: str, args: list[int]) -> None:
