@@ -99,7 +99,9 @@ def _dtype(name: str) -> torch.dtype:
 
 def tensor_to_data(t: torch.Tensor) -> dict[str, Any]:
     """Small tensors inline: dtype, shape and the contiguous bytes in base64."""
-    c = t.detach().contiguous().cpu()
+    # (a fresh tensor: `contiguous()` keeps a size-1 dimension's stride, 0 when expanded, which
+    # the byte view refuses)
+    c = torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
     raw = c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
     return {"dtype": str(c.dtype).replace("torch.", ""), "shape": list(c.shape),
             "device": str(t.device), "b64": base64.b64encode(raw).decode("ascii")}
