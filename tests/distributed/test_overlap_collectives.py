@@ -82,6 +82,10 @@ def test_collectives_are_issued_early_and_waited_late(group, monkeypatch, overla
     assert after["waits"] - before["waits"] == 3
     firsts = [order.index(k) for k in issued]
     waits = [i for i, k in enumerate(order) if k == "wait"]
+    from novaforge.report.explain import format_collectives
+
+    text = format_collectives(built[0])
+    assert "3 collectives issued asynchronously, 3 waits over 1 calls" in text and "all_reduce" in text, text
     if overlap:
         # all three are in flight together before the first wait, with compute between issue and wait
         assert max(firsts) < min(waits), order

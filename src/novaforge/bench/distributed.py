@@ -159,8 +159,8 @@ def launch(workloads: list[str], runners: list[str], parallel: str, nproc: int, 
 
 
 def render(results: list[dict]) -> str:
-    lines = [f"{'workload':<10} {'parallel':<8} {'runner':<20} {'nproc':>5} {'tokens/s':>10}  peak RSS per rank (MiB)"
-             "  graph collectives / step, their waits' blocked ms / step (rank 0)"]
+    lines = [f"{'workload':<10} {'parallel':<8} {'runner':<20} {'nproc':>5} {'tokens/s':>10} {'first steps s':>13}"
+             "  peak RSS per rank (MiB)  graph collectives / step, their waits' blocked ms / step (rank 0)"]
     for r in results:
         head = f"{r['workload']:<10} {r['parallel']:<8} {r['runner']:<20} {r['nproc']:>5}"
         if "error" in r:
@@ -169,7 +169,8 @@ def render(results: list[dict]) -> str:
             rss = ", ".join(f"{g['peak_rss_mib']:.0f}" for g in r["ranks"])
             g0 = r["ranks"][0]
             comm = f"{g0.get('collectives_per_step', 0):.0f}, {g0.get('wait_ms_per_step', 0):.2f} ms"
-            lines.append(f"{head} {r['tokens_per_s']:>10.0f}  {rss:<24}  {comm}")
+            first = max(g.get("first_steps_s", 0.0) for g in r["ranks"])  # (the warm-up steps, compiles included)
+            lines.append(f"{head} {r['tokens_per_s']:>10.0f} {first:>13.1f}  {rss:<24}  {comm}")
     return "\n".join(lines)
 
 

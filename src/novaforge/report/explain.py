@@ -31,6 +31,10 @@ class Report:
             from .refinement import format_refinement
 
             text += "\n\n-- refinement (measured) --\n" + format_refinement(refiner)
+        program = getattr(self.stats, "program", None)
+        comm = getattr(program, "collectives", None)
+        if comm is not None and comm.issued:
+            text += "\n\n-- collectives (measured) --\n" + format_collectives(program)
         return text
 
     def summary(self) -> str:
@@ -74,6 +78,21 @@ def _fmt_bytes(n: float | None) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
+
+
+def format_collectives(program: Any) -> str:
+    """The program's torch.distributed collectives in step order (issued, compute between, waited) and
+    how long its waits blocked over its calls so far (runtime/collectives.py)."""
+    from ..runtime.collectives import WAIT, step_collective
+
+    line = []
+    for st in program.steps:
+        t = step_collective(st)
+        line.append("wait" if t == WAIT else t.split(".")[1] if t else "k")
+    c, calls = program.collectives, max(program.calls, 1)
+    return (f"timeline (k: compute steps): {' '.join(line)}\n"
+            f"{c.issued} collectives issued asynchronously, {c.waits} waits over {program.calls} calls; the waits "
+            f"blocked {1e3 * c.blocked_s / calls:.2f} ms per call (the exposed communication)")
 
 
 def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
