@@ -150,12 +150,20 @@ def launch(workloads: list[str], runners: list[str], parallel: str, nproc: int, 
                 if proc.returncode == 0 and lines:
                     out.append(json.loads(lines[-1]))
                     continue
-                error = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+                error = [_error_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"]
             except subprocess.TimeoutExpired:
                 error = [f"timed out after {timeout_s:.0f} s"]
             out.append({"workload": workload, "runner": runner, "parallel": parallel, "nproc": nproc,
                         "error": error[0]})
     return out
+
+
+def _error_line(text: str) -> str:
+    """The line of a failed job's output that says what failed: the last naming an error, else the last
+    that is not one of torchrun's banner rules."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and set(ln.strip()) - set("=-")]
+    named = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (named or lines or [""])[-1][:300]
 
 
 def render(results: list[dict]) -> str:
