@@ -79,3 +79,11 @@ def test_fmt_num():
     assert fmt_num(0.4327) == "0.433"
     assert fmt_num(3.3e-6, 2) == "3.3e-06"
     assert fmt_num(None) == "–" and fmt_num(0) == "0"
+
+
+def test_metrics_block_names_the_low_precision_paths():
+    p = payload()
+    row = next(r for r in p["rows"] if r["runner"] == "novaforge" and r.get("metrics") and r.get("kind") != "matmul")
+    row["gemm_paths"] = {"int8 x int8 avx2": 48, "int8-weight gemv": 2}
+    text = render(p)
+    assert "nf_gemm low-precision calls in the first call (path: calls): int8 x int8 avx2 48, int8-weight gemv 2" in text

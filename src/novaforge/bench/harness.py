@@ -293,6 +293,8 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
         for state in ("cold", "warm"):
             vals = [r["setup_s"] for _, r in got if r.get("cache") == state]
             s[f"setup_{state}_s"] = median(vals) if vals else None
+    if "gemm_paths" in first:
+        s["gemm_paths"] = first["gemm_paths"]  # (nf_gemm's low-precision paths in the first call)
     if "metrics" in first:
         s["metrics"] = first["metrics"]
         # the backend `auto` resolved to, per process: a tree that changed between passes shows here

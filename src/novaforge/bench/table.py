@@ -208,6 +208,9 @@ def metrics_lines(rows: list[dict[str, Any]]) -> list[str]:
                    f"arena {fmt_bytes(arena)} vs {fmt_bytes(total)} sum of intermediates{share}; "
                    f"device transitions {m.get('transitions')}; compile {fmt_num(times.get('total_s'))} s ({comp}); "
                    f"slowest passes ms: {pass_txt}")
+        if r.get("gemm_paths"):
+            calls = ", ".join(f"{k} {v}" for k, v in sorted(r["gemm_paths"].items()))
+            out[-1] += f"; nf_gemm low-precision calls in the first call (path: calls): {calls}"
     return out
 
 

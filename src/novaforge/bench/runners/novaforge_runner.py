@@ -24,13 +24,30 @@ from .base import Prepared, RunContext
 from .torch_runners import training_call
 
 
-def _metrics_of(compiled: Any) -> dict[str, Any]:
+def _gemm_paths() -> dict[str, int]:
+    """nf_gemm's calls so far per low-precision path (which instructions ran: the report names them)."""
+    from ...codegen.cpu import gemm
+
+    try:
+        counts = {f"bf16 {k}": v for k, v in gemm.bf16_counts().items()}
+        counts.update({f"int8-weight {k}": v for k, v in gemm.i8_counts().items()})
+        counts.update({f"int8 x int8 {k}": v for k, v in gemm.s8_counts().items()})
+    except OSError:  # (no C++ compiler: the library is unavailable)
+        return {}
+    return counts
+
+
+def _metrics_of(compiled: Any, paths_before: dict[str, int] | None = None) -> dict[str, Any]:
     from ...report.metrics import metrics
 
     stats = compiled.stats()
     if stats is None:
         return {}
-    return {"metrics": metrics(stats)}
+    out: dict[str, Any] = {"metrics": metrics(stats)}
+    if paths_before is not None:
+        now = _gemm_paths()
+        out["gemm_paths"] = {k: v - paths_before.get(k, 0) for k, v in now.items() if v > paths_before.get(k, 0)}
+    return out
 
 
 class NovaforgeRunner:
@@ -40,13 +57,14 @@ class NovaforgeRunner:
         import novaforge
 
         compiled = novaforge.compile(model, freeze=True, backend=ctx.nf_backend, **self.options)
+        paths = _gemm_paths() if ctx.nf_backend in ("auto", "cpu") else None
 
         def call() -> Any:
             with torch.no_grad():
                 return compiled(*inputs)
 
         return Prepared(call, info={"backend_requested": ctx.nf_backend},
-                        after_first=lambda: _metrics_of(compiled))
+                        after_first=lambda: _metrics_of(compiled, paths))
 
     def training(self, model: torch.nn.Module, batches: list, ctx: RunContext) -> Prepared:
         import novaforge
