@@ -86,4 +86,5 @@ def test_metrics_block_names_the_low_precision_paths():
     row = next(r for r in p["rows"] if r["runner"] == "novaforge" and r.get("metrics") and r.get("kind") != "matmul")
     row["gemm_paths"] = {"int8 x int8 avx2": 48, "int8-weight gemv": 2}
     text = render(p)
-    assert "nf_gemm low-precision calls in the first call (path: calls): int8 x int8 avx2 48, int8-weight gemv 2" in text
+    want = "nf_gemm low-precision calls in the first call (path: calls): int8 x int8 avx2 48, int8-weight gemv 2"
+    assert want in text

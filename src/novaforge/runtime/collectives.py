@@ -11,8 +11,8 @@ reads) a collective completes at once (ir/extern.py `call_extern`).
 Invariant: nothing reads a pending result before its wait (a collective is asynchronous only when
 every step that reads its outputs is a wait step), and the inputs the process group may still read
 are kept alive unchanged until the wait: all_reduce copies its input before it returns (torch's
-functional all_reduce clones it), the other collectives get a copy of any input in the arena (whose
-bytes a later kernel may reuse).
+functional all_reduce clones it), the other collectives get a copy of their inputs (an arena buffer's
+bytes may be reused by a later kernel, a mutated input's rewritten).
 """
 
 from __future__ import annotations
@@ -93,11 +93,11 @@ class Pending:
         return {"collectives_async": self.issued, "waits": self.waits, "wait_blocked_s": self.blocked_s}
 
 
-def issue_runner(st: Any, env: list, pending: Pending, arena_slots: set[int]) -> Callable[[], None]:
+def issue_runner(st: Any, env: list, pending: Pending) -> Callable[[], None]:
     *views, ext = st.body.nodes
     target, spec = ext.attrs["target"], ext.attrs["spec"]
     op = resolve(target)
-    copy_inputs = target not in _COPIES_INPUT and bool(set(st.ins) & arena_slots)
+    copy_inputs = target not in _COPIES_INPUT
     inputs = [(bi.value, s) for bi, s in zip(st.body.inputs, st.ins, strict=True)]
     views = [(m, OPS[m.op].impl) for m in views]
     outs = list(st.outs)

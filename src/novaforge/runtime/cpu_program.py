@@ -434,8 +434,7 @@ class CpuProgram:
         if target is None:
             return None
         if id(st) in issue:
-            arena = {s for s in st.ins if self.slots[s].kind in ("arena", "scratch")}
-            return collectives.issue_runner(st, self._env, self.collectives, arena)
+            return collectives.issue_runner(st, self._env, self.collectives)
         if collectives.plain_wait(st):
             return collectives.wait_runner(st, self._env, self.collectives, self._make_runner(st))
         return None
