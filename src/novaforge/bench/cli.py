@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1,
                    help="processes per training job, launched through torchrun (with --parallel; bench/distributed.py)")
     p.add_argument("--parallel", choices=["fsdp", "tp", "ddp"], default=None,
-                   help="distributed training style for --nproc > 1: FSDP2, tensor parallel or DDP")
+                   help="distributed training style for --nproc > 1: FSDP2, tensor parallel or DDP (runners: eager, "
+                        "torch-compile, novaforge, novaforge-no-overlap)")
     return p
 
 
