@@ -127,21 +127,7 @@ int bf16_path() {
 
 /* ---------------- per-thread scratch ---------------- */
 
-struct Buf {
-    void* p = nullptr;
-    size_t cap = 0;
-    template <typename T>
-    T* get(size_t n) {
-        const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-        if (bytes > cap) {
-            free(p);
-            cap = bytes + 4096;
-            p = aligned_alloc(64, cap);
-        }
-        return (T*)p;
-    }
-    ~Buf() { free(p); }
-};
+using nfi::Buf;
 thread_local Buf t_a, t_b, t_c;
 
 /* ---------------- packing B into VNNI panels ---------------- */

@@ -55,6 +55,23 @@ struct Bf16Bias {
     ~Bf16Bias() { free(buf); }
 };
 
+/* A growable, 64-byte aligned buffer of any element type (the bf16 and int8 entries' per-thread scratch). */
+struct Buf {
+    void* p = nullptr;
+    size_t cap = 0;
+    template <typename T>
+    T* get(size_t n) {
+        const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+        if (bytes > cap) {
+            free(p);
+            cap = bytes + 4096;
+            p = aligned_alloc(64, cap);
+        }
+        return (T*)p;
+    }
+    ~Buf() { free(p); }
+};
+
 /* Growable, 64-byte aligned float buffers (A and B panels, a block of C); each translation unit
  * keeps one per thread. */
 struct Scratch {
