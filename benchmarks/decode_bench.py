@@ -17,8 +17,9 @@ tokens are comparable with eager's too.
 The roof: one decode step reads every weight once (an embedding table no other module uses only a
 row of it: not counted; tied weights once; a torchao int8 weight as its int8 data and scales), so
 tokens/s <= batch * read bandwidth / weight bytes, per runner (`-int8` runners: the model quantized
-with `novaforge.quantize(model, "int8-weight")`, torchao int8 weight-only; their tokens are compared
-with eager's on the same quantized model, run automatically). The read bandwidth is the
+with `novaforge.quantize(model, "int8-weight")`, torchao int8 weight-only; `-bf16` runners: the model
+cast to bfloat16; their tokens are compared with eager's on the same quantized or cast model, run
+automatically, and the share of new tokens equal to float32 eager's is reported). The read bandwidth is the
 best of a torch sum and a GEMV over 1 GiB buffers (larger than the last-level cache) with the
 same thread count. KV-cache reads are not in the roof (they are < 3% of the weights at batch 1,
 prompt 32 + 128 new; more at batch 8).
@@ -42,11 +43,20 @@ from typing import Any
 
 import torch
 
+from novaforge.bench.measure import decode_weight_bytes
+
 SAMPLE_SEED = 1234
 SAMPLING = {"greedy": {"do_sample": False},
             "top-p": {"do_sample": True, "temperature": 0.8, "top_k": 0, "top_p": 0.9}}
 BASE_RUNNERS = ("eager", "inductor", "inductor-static", "novaforge", "novaforge-dynamo")
-RUNNERS = BASE_RUNNERS + tuple(f"{r}-int8" for r in BASE_RUNNERS)  # -int8: novaforge.quantize(m, "int8-weight")
+# a runner name's precision suffix: -int8 = novaforge.quantize(m, "int8-weight"), -bf16 = m.to(torch.bfloat16)
+PRECISIONS = ("-int8", "-bf16")
+RUNNERS = BASE_RUNNERS + tuple(f"{r}{p}" for p in PRECISIONS for r in BASE_RUNNERS)
+
+
+def precision(name: str) -> str:
+    """The runner's precision suffix ('' for float32)."""
+    return next((p for p in PRECISIONS if name.endswith(p)), "")
 
 
 def build_model(name: str) -> tuple[torch.nn.Module, int]:
@@ -82,26 +92,6 @@ def read_bandwidth() -> float:
             f()
             best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
     return best
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step reads: every parameter and buffer once (tied ones once, a torchao
-    weight as its int8 data and scales), except embedding tables that no other module uses (a
-    step reads one row of them)."""
-    from novaforge.frontend.subclass_state import flatten_state
-
-    embed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Embedding)
-              for p in m.parameters(recurse=False)}
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    skip = {n for n, t in state.items() if id(t) in embed and id(t) not in shared}
-    seen, total = set(), 0
-    for t in flatten_state({n: t for n, t in state.items() if n not in skip}).values():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
 
 
 @contextlib.contextmanager
@@ -143,12 +133,15 @@ def forward_timer(model: torch.nn.Module, compiled: Any, spent: list[float]) -> 
 
 def make_runner(name: str, model: torch.nn.Module) -> tuple[Callable[..., torch.Tensor], Any, dict]:
     """(generate, the novaforge CompiledModule or None, extra generate kwargs) for a runner; a
-    name ending in -int8 runs on the model quantized by novaforge.quantize (torchao int8 weights)."""
+    name ending in -int8 runs on the model quantized by novaforge.quantize (torchao int8 weights),
+    one ending in -bf16 on the model cast to bfloat16."""
     if name.endswith("-int8"):
         import novaforge
 
         novaforge.quantize(model, "int8-weight")
-        name = name.removesuffix("-int8")
+    elif name.endswith("-bf16"):
+        model.to(torch.bfloat16)
+    name = name.removesuffix(precision(name))
     if name == "eager":
         return model.generate, None, {}
     if name in ("inductor", "inductor-static"):
@@ -168,10 +161,10 @@ def make_runner(name: str, model: torch.nn.Module) -> tuple[Callable[..., torch.
 
 
 def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.Tensor,
-            want: torch.Tensor | None) -> dict[str, Any]:
+            want: torch.Tensor | None, want_fp32: torch.Tensor | None) -> dict[str, Any]:
     model, _ = build_model(args.model)
     generate, compiled, extra = make_runner(name, model)
-    wbytes = weight_bytes(model)
+    wbytes = decode_weight_bytes(model)
     kw = {**SAMPLING[args.sampling], **extra, "attention_mask": mask, "pad_token_id": 0}
 
     def call(n: int) -> torch.Tensor:
@@ -184,6 +177,10 @@ def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.
     out = call(args.new_tokens)
     first_s = time.perf_counter() - t0
     rows_equal = None if want is None else [bool(torch.equal(out[i], want[i])) for i in range(out.shape[0])]
+    same = None if want_fp32 is None else out[:, ids.shape[1]:] == want_fp32[:, ids.shape[1]:]
+    agree = None if same is None else same.float().mean().item()
+    # (greedy: after the first differing token, the rest follow another prefix)
+    first_diff = None if same is None or bool(same.all()) else int((~same).any(0).nonzero()[0, 0]) + 1
     call(1)
     full, one = [], []
     for _ in range(args.repeats):
@@ -194,6 +191,7 @@ def run_one(name: str, args: argparse.Namespace, ids: torch.Tensor, mask: torch.
     decode_s = statistics.median(full) - statistics.median(one)
     row = {"runner": name, "first_call_s": first_s, "ttft_ms": 1e3 * statistics.median(one),
            "decode_tok_s": args.batch * (args.new_tokens - 1) / decode_s, "rows_equal": rows_equal,
+           "agree_fp32": agree, "first_diff": first_diff,
            "full_ms": [round(1e3 * t) for t in full], "out": out, "weight_bytes": wbytes}
     if args.forward_share:
         spent = [0.0]
@@ -216,6 +214,8 @@ def _cells(r: dict[str, Any], eager: dict[str, Any], ind: dict[str, Any] | None,
             "" if ind is None else f"{rate / ind['decode_tok_s']:.2f}", f"{100 * rate / roof:.0f}%",
             f"{r['ttft_ms']:.0f}", "" if ind is None else f"{r['ttft_ms'] / ind['ttft_ms']:.2f}",
             f"{r['first_call_s']:.1f}", "–" if eq is None else f"{sum(eq)}/{len(eq)}",
+            "–" if r.get("agree_fp32") is None else f"{100 * r['agree_fp32']:.1f}%"
+            + ("" if r.get("first_diff") is None else f" (from token {r['first_diff']})"),
             f"{100 * r['forward_share']:.0f}%" if "forward_share" in r else "", str(r.get("programs", ""))]
 
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     model, vocab = build_model(args.model)
-    wbytes = weight_bytes(model)
+    wbytes = decode_weight_bytes(model)
     del model
     ids, mask = prompt_batch(vocab, args.batch, args.prompt)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -245,25 +245,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.model} batch {args.batch} prompt {args.prompt} new {args.new_tokens} {args.sampling} "
           f"{SAMPLING[args.sampling]}, threads {args.threads}, torch {torch.__version__}, load before {load}")
     print(f"# read bandwidth {bw / 1e9:.2f} GB/s, fp32 weights {wbytes / 1e6:.1f} MB/step -> roof {roof:.1f} tok/s "
-          "(an int8 runner's roof: the same bandwidth over its own weight bytes)")
+          "(an int8 or bf16 runner's roof: the same bandwidth over its own weight bytes)")
     rows, want = [], {}
     order = ["eager", *(r for r in runners if r != "eager")]  # eager first: the reference, always shown
-    if any(r.endswith("-int8") for r in order) and "eager-int8" not in order:
-        order.insert(1, "eager-int8")  # (the int8 runners' tokens are compared with eager int8's)
-    order.sort(key=lambda r: (r.endswith("-int8"), r != "eager" and r != "eager-int8"))
+    for p in PRECISIONS:  # a precision's runners are compared with eager at that precision
+        if any(precision(r) == p for r in order) and f"eager{p}" not in order:
+            order.append(f"eager{p}")
+    order.sort(key=lambda r: (("", *PRECISIONS).index(precision(r)), not r.startswith("eager")))
     for name in order:
-        suffix = "-int8" if name.endswith("-int8") else ""
-        row = run_one(name, args, ids, mask, want.get(suffix))
-        if name in ("eager", "eager-int8"):
+        suffix = precision(name)
+        row = run_one(name, args, ids, mask, want.get(suffix), want.get("") if suffix else None)
+        if name == f"eager{suffix}":
             want[suffix] = row["out"]
         rows.append(row)
         print(f"#   {name}: done ({row['first_call_s']:.1f} s first call)", file=sys.stderr)
     eager = rows[0]
     print("| runner | weights MB/step | decode tok/s | x eager fp32 | x inductor (same precision) | of roof | TTFT ms "
-          "| TTFT / inductor | first call s | rows = eager (same precision) | forward share | programs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| TTFT / inductor | first call s | rows = eager (same precision) | new tokens = eager fp32's "
+          "| forward share | programs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        suffix = "-int8" if r["runner"].endswith("-int8") else ""
+        suffix = precision(r["runner"])
         ind = next((x for x in rows if x["runner"] == "inductor" + suffix), None)
         print("| " + " | ".join(_cells(r, eager, ind, bw, args.batch)) + " |")
     print(f"# load after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

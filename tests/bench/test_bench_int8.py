@@ -54,7 +54,7 @@ def test_plan_runs_the_quantized_runners_and_skips_the_rest_with_reasons():
     assert "tensor subclasses" in reasons[("gpt2-tiny", "torch-compile-novaforge")]
     # training workloads are not quantized: every runner is skipped, saying why
     assert started["gpt-tiny"] == []
-    assert "CPU inference workloads only" in reasons[("gpt-tiny", "novaforge")]
+    assert "CPU inference and generate workloads only" in reasons[("gpt-tiny", "novaforge")]
     # int8-dynamic: ONNX Runtime quantizes its export (when installed)
     started, reasons = _plan("int8-dynamic", ["eager", "onnxruntime", "openvino"], workloads=["gpt2-tiny"])
     assert started["gpt2-tiny"] == ["eager"] + ["onnxruntime"] * HAS_ORT
@@ -152,3 +152,28 @@ def test_table_names_the_quantization_and_the_accuracy_columns():
     assert len({ln.count("|") for ln in table}) == 1
     assert "98.4%" in text and "skipped: OpenVINO's int8 needs NNCF" in text
     assert "top-1" not in render(dict(payload, options=dict(payload["options"], dtype="float32")))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8-weight"])
+def test_generate_workloads_run_the_dtype(tmp_path, dtype):
+    """`--dtype` reaches the generate workloads: the model is cast / quantized before eager's reference
+    tokens at that precision are taken, the roof counts its own (smaller) weight bytes, and the
+    share of new tokens equal to float32 eager's is reported and shown."""
+    if dtype.startswith("int8") and not HAS_TORCHAO:
+        pytest.skip("torchao (the quant extra) is not installed")
+    rows = {}
+    for dt in ("float32", dtype):
+        spec = {"runner": "novaforge", "device": "cpu", "dtype": dt, "threads": 2, "runs": 1, "warmup": 0,
+                "budget_s": 30.0, "nf_backend": "auto", "max_size": 64, "workdir": str(tmp_path / dt),
+                "workload": "gpt2-generate-tiny", "batch": 1, "seq": 8, "new_tokens": 6}
+        (rows[dt],) = worker.measure(spec)["rows"]
+    low, full = rows[dtype], rows["float32"]
+    assert low["tokens_equal"] and 0.0 <= low["tokens_agree_fp32"] <= 1.0
+    assert "tokens_agree_fp32" not in full
+    assert low["weight_bytes"] < 0.6 * full["weight_bytes"]  # bf16: half, int8: about a quarter (+ scales)
+    if dtype.startswith("int8"):
+        assert "quantize_s" in low
+    job = {"status": "ok", "runner": "novaforge", "case": low["case"], "spec": {**spec, "dtype": dtype}, "rows": [low]}
+    s = harness.aggregate([job], [(harness.Case("gpt2-generate-tiny", "generate", 1, 8), ["novaforge"])])[0]
+    assert s["tokens_agree_fp32"] == low["tokens_agree_fp32"]
+    assert "% of fp32's" in render({"rows": [s], "options": {"dtype": dtype}})

@@ -129,3 +129,46 @@ def test_switch_reports_what_it_replaced():
     finally:
         lib.nf_gemm_set_gemv(before)
     assert before == 1
+
+
+BF16_CASES = [("bf16", "bf16"), ("f32", "bf16"), ("bf16", "f32")]
+
+
+@pytest.mark.parametrize("layout", ["nt", "kn"])
+@pytest.mark.parametrize("dtypes", BF16_CASES, ids=lambda d: "x".join(d))
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 9])
+@pytest.mark.parametrize("k,n", [(1, 1), (17, 3), (768, 97), (130, 2304), (3072, 40)])
+def test_bf16_operands_stream_in_place(layout, dtypes, m, k, n):
+    """bf16 A and / or bf16 W (decode of a bf16 model: half the weight bytes, converted in registers):
+    equal to the float64 product of the same bf16 values, with and without the streaming path."""
+    a, b, bias, res = _operands(m, k, n, layout, m * 31 + k + n)
+    a16 = a.bfloat16() if dtypes[0] == "bf16" else a
+    if dtypes[1] == "bf16":  # the same layout (W^T view or row-major) as the float32 operand
+        b16 = b.t().bfloat16().t() if layout == "nt" else b.bfloat16()
+    else:
+        b16 = b
+    assert b16.stride() == b.stride()
+    a_ref, b_ref = a16.float(), b16.float()
+    for threads in (1, 2):
+        for on in (True, False):
+            with ops.gemv_path(on):
+                _close(_product(layout, a16, b16, nthreads=threads), a_ref, b_ref)
+                got = _product(layout, a16, b16, bias=bias, act="gelu_tanh", residual=res, nthreads=threads)
+                _close(got, a_ref, b_ref, lambda x: ACTS["gelu_tanh"](x + bias.double()) + res.double())
+                out = torch.randn(m, n)
+                old = out.double()
+                _product(layout, a16, b16, out=out, accumulate=True, nthreads=threads)
+                _close(out, a_ref, b_ref, lambda x, old=old: x + old)
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2"])
+def test_bf16_other_builds(isa):
+    lib = build.load(isa, ())
+    with ops.using(lib):
+        for m, k, n in [(1, 5, 3), (4, 300, 70), (2, 1700, 37), (8, 33, 129)]:
+            for layout in ("nt", "kn"):
+                a, b, bias, _ = _operands(m, k, n, layout, k + n)
+                a16 = a.bfloat16()
+                b16 = b.t().bfloat16().t() if layout == "nt" else b.bfloat16()
+                _close(_product(layout, a16, b16, bias=bias, nthreads=2), a16.float(), b16.float(),
+                       lambda x: x + bias.double())

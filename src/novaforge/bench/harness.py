@@ -313,6 +313,9 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
         per_token = (s["median_ms"] - s["ttft_ms"]) / 1e3 / max(first["new_tokens"] - 1, 1)
         s["decode_tokens_per_s"] = 1.0 / per_token if per_token > 0 else None
         s["tokens_equal"] = all(r["tokens_equal"] for _, r in got)
+        agree = [r["tokens_agree_fp32"] for _, r in got if r.get("tokens_agree_fp32") is not None]
+        if agree:
+            s["tokens_agree_fp32"] = min(agree)
         s["weight_bytes"] = first["weight_bytes"]
         bw = median([r["read_bw_bytes_s"] for _, r in got])
         s["read_bw_gb_s"] = bw / 1e9

@@ -180,6 +180,28 @@ def energy_counter(device: str) -> tuple[Callable[[], float | None] | None, str]
     return None, f"none: no RAPL counter ({POWERCAP} {why} on this machine); energy is not estimated"
 
 
+def decode_weight_bytes(model: Any) -> int:
+    """Bytes one decode step reads: every parameter and buffer once (tied ones once, a torchao
+    weight as its int8 data and scales), except embedding tables that no other module uses (a
+    step reads one row of them)."""
+    import torch
+
+    from ..frontend.subclass_state import flatten_state
+
+    embed = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Embedding)
+              for p in m.parameters(recurse=False)}
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    skip = {n for n, t in state.items() if id(t) in embed and id(t) not in shared}
+    seen, total = set(), 0
+    for t in flatten_state({n: t for n, t in state.items() if n not in skip}).values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
 def median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)

@@ -127,6 +127,14 @@ def training_table(rows: list[dict[str, Any]]) -> list[str]:
     return _table(header, body)
 
 
+def _tokens_cell(r: dict[str, Any]) -> str:
+    """Equal to eager's tokens on the same (quantized or cast) model; with another dtype than
+    float32, also the share of new tokens equal to float32 eager's."""
+    cell = "yes" if r.get("tokens_equal") else "NO"
+    agree = r.get("tokens_agree_fp32")
+    return cell if agree is None else f"{cell}; {100 * agree:.0f}% of fp32's"
+
+
 def generate_table(rows: list[dict[str, Any]]) -> list[str]:
     header = ["case (prompt)", "runner", "decode tok/s", "decode vs eager", "TTFT ms", "generate ms (new tokens)",
               "per-process medians", "setup s", "peak MB", "tokens = eager", "roof tok/s (weights / read BW)",
@@ -142,7 +150,7 @@ def generate_table(rows: list[dict[str, Any]]) -> list[str]:
             note = "; ".join(filter(None, [f"{r['programs']} programs built", note]))
         body.append([r["case"], r["runner"], fmt_num(r.get("decode_tokens_per_s")), "–" if x is None else f"{x:.2f}x",
                      fmt_num(r.get("ttft_ms")), f"{fmt_num(r['median_ms'])} ({r.get('new_tokens')})", _procs(r),
-                     _setup(r), fmt_num(r["peak_mem_mb"], 4), "yes" if r.get("tokens_equal") else "NO",
+                     _setup(r), fmt_num(r["peak_mem_mb"], 4), _tokens_cell(r),
                      f"{fmt_num(r.get('roof_tokens_per_s'))} ({fmt_num(r.get('weight_bytes', 0) / 1e6)} MB / "
                      f"{fmt_num(r.get('read_bw_gb_s'))} GB/s)",
                      "–" if r.get("roof_fraction") is None else f"{100 * r['roof_fraction']:.0f}%", note])

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import settings
-from .measure import current_rss_mb, energy_counter, peak_rss_mb, sync_for, time_calls
+from .measure import current_rss_mb, decode_weight_bytes, energy_counter, peak_rss_mb, sync_for, time_calls
 from .results import dumps
 from .runners import INT8_MODES, RUNNERS, load_runner
 from .workloads import (
@@ -223,38 +223,44 @@ def _read_bandwidth() -> float:
     return x.numel() * 4 / best
 
 
-def _weight_bytes(model) -> int:
-    seen, total = set(), 0
-    for t in (*model.parameters(), *model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
 def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
     """Greedy generation: the first call (setup: compiles) generates `new_tokens` and is checked
-    token for token against eager's; then `runs` times a one-token generate (time to the first
-    token: prompt + one step) and `runs` times the full generate, interleaved. Decode rate =
-    (new_tokens - 1) / (median full - median one-token)."""
+    token for token against eager's on the same model (quantized or cast for `dtype`; then also
+    the share of new tokens equal to float32 eager's); then `runs` times a one-token generate
+    (time to the first token: prompt + one step) and `runs` times the full generate, interleaved.
+    Decode rate = (new_tokens - 1) / (median full - median one-token)."""
     import torch
 
     new = int(spec.get("new_tokens") or default_new_tokens(spec["workload"]))
     model, vocab = build_generation_model(spec["workload"])
     ids = input_ids(vocab, spec["batch"], spec["seq"])
-    with torch.no_grad():
-        want = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    row: dict[str, Any] = {}
+
+    def eager_tokens():
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+    want32 = None
+    if spec["dtype"] != "float32":
+        want32 = eager_tokens()
+        if spec["dtype"] in INT8_MODES:
+            _quantized(model, spec, runner, row)
+        else:
+            model.to(ctx.torch_dtype)
+    want = eager_tokens()
     gc.collect()
     base_rss = current_rss_mb()
     sync = sync_for(spec["device"])
     prepared, out, prepare_s, setup_s = _setup(lambda: runner.generate(model, ids, new, ctx), sync)
     got = prepared.to_tensor(out)
-    row: dict[str, Any] = {
+    row.update({
         "case": case_label(spec["workload"], spec["batch"], spec["seq"]),
         "prepare_s": prepare_s, "setup_s": setup_s, "setup_info": prepared.info,
         "tokens_equal": bool(got.shape == want.shape and torch.equal(got, want)),
-        "new_tokens": new, "weight_bytes": _weight_bytes(model), "read_bw_bytes_s": _read_bandwidth(),
-    }
+        "new_tokens": new, "weight_bytes": decode_weight_bytes(model), "read_bw_bytes_s": _read_bandwidth(),
+    })
+    if want32 is not None and got.shape == want32.shape:  # (greedy: tokens after a first difference follow it)
+        row["tokens_agree_fp32"] = (got[:, ids.shape[1]:] == want32[:, ids.shape[1]:]).float().mean().item()
     if prepared.after_first is not None:
         row.update(prepared.after_first())
     full, first = [], []

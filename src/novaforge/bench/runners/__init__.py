@@ -7,7 +7,7 @@ the fresh worker process that measures it (`load_runner`).
 
 The `dtype` of a run is a float type (float32, bfloat16) or an int8 quantization
 (`INT8_MODES`: int8-weight, int8-dynamic; `novaforge.quantize` names them). The int8 modes are
-measured on the CPU inference workloads only; a runner that lists one in `dtypes` runs the
+measured on the CPU inference and generate workloads only; a runner that lists one in `dtypes` runs the
 torchao-quantized model (or, for ONNX Runtime, quantizes its own export); one that does not is
 skipped with the reason in `dtype_notes` when it has one.
 
@@ -43,8 +43,8 @@ class RunnerSpec:
             return f"{self.name} has no {kind} runner"
         if device not in self.devices:
             return f"{self.name} runs on {'/'.join(sorted(self.devices))} only"
-        if dtype in INT8_MODES and (kind != "inference" or device != "cpu"):
-            return f"{dtype} is measured on CPU inference workloads only"
+        if dtype in INT8_MODES and (kind not in ("inference", "generate") or device != "cpu"):
+            return f"{dtype} is measured on CPU inference and generate workloads only"
         if dtype not in self.dtypes:
             return dict(self.dtype_notes).get(dtype, f"{self.name} does not run {dtype} here")
         return None

@@ -79,13 +79,6 @@ thread_local Scratch t_scratch;
 
 /* ---------------- operand descriptors ---------------- */
 
-inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 struct Problem {
     long M, N, K;
     const void* A;
@@ -145,7 +138,7 @@ void pack_a_block_colmajor(const T* A, long cs, long r0, int nt, const int* tile
                 const T* src = A + r0 + tile_row[t] + k * cs;
                 float* d = panel + k * R;
                 for (int i = 0; i < R; ++i) {
-                    if constexpr (sizeof(T) == 2) d[i] = bf16_to_f32(src[i]);
+                    if constexpr (sizeof(T) == 2) d[i] = nfs::bf16_to_f32(src[i]);
                     else d[i] = src[i];
                 }
             }
@@ -161,12 +154,12 @@ void pack_a_tile(const T* A, long rs, long cs, long r0, int R, long K, float* ds
         float* d = dst + i;
         if (cs == 1) {
             for (long k = 0; k < K; ++k) {
-                if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k]);
+                if constexpr (sizeof(T) == 2) d[k * R] = nfs::bf16_to_f32(src[k]);
                 else d[k * R] = src[k];
             }
         } else {
             for (long k = 0; k < K; ++k) {
-                if constexpr (sizeof(T) == 2) d[k * R] = bf16_to_f32(src[k * cs]);
+                if constexpr (sizeof(T) == 2) d[k * R] = nfs::bf16_to_f32(src[k * cs]);
                 else d[k * R] = src[k * cs];
             }
         }
@@ -212,7 +205,7 @@ void pack_b_panels(const T* B, long rs, long cs, long N, long k0, long kc, long 
                 const T* src = B + (k0 + k) * rs + c0 * cs;
                 float* dk = d + k * NR;
                 for (int j = 0; j < w; ++j) {
-                    if constexpr (sizeof(T) == 2) dk[j] = bf16_to_f32(src[j * cs]);
+                    if constexpr (sizeof(T) == 2) dk[j] = nfs::bf16_to_f32(src[j * cs]);
                     else dk[j] = src[j * cs];
                 }
                 for (int j = w; j < NR; ++j) dk[j] = 0.f;
@@ -710,6 +703,9 @@ void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a,
     if (a_bf16 && b_bf16 &&
         nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, cs_b, C, ldc, accumulate, ep,
                          nthreads))
+        return;
+    if (nfi::gemv_kn_mixed(M, N, K, A, a_bf16 != 0, rs_a, cs_a, B, b_bf16 != 0, rs_b, cs_b, C, ldc, accumulate, ep,
+                           nthreads))
         return;
     Problem P = make_problem(M, N, K, A, a_bf16 != 0, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0,
                              ldc, accumulate, ep);

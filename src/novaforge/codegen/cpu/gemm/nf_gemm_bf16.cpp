@@ -57,12 +57,7 @@
 namespace {
 
 inline long cdiv(long a, long b) { return (a + b - 1) / b; }
-inline float bf16f(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+using nfs::bf16_to_f32;
 inline void compiler_barrier() { __asm__ __volatile__("" ::: "memory"); }
 
 constexpr long kPanel = 16;    // columns per VNNI panel
@@ -371,10 +366,10 @@ void ref_tile(long kp, const ATile* a, int rows, int tb, const uint16_t* b0, con
         const uint16_t* ar = t.ptr + (r % 16) * t.ld;
         float acc[kTileCols] = {};
         for (long kq = 0; kq < kp / 2; ++kq) {
-            const float x0 = bf16f(ar[2 * kq]), x1 = bf16f(ar[2 * kq + 1]);
+            const float x0 = bf16_to_f32(ar[2 * kq]), x1 = bf16_to_f32(ar[2 * kq + 1]);
             for (int pt = 0; pt < tb; ++pt) {
                 const uint16_t* bp = (pt ? b1 : b0) + kq * 32;
-                for (int j = 0; j < 16; ++j) acc[pt * 16 + j] += x0 * bf16f(bp[2 * j]) + x1 * bf16f(bp[2 * j + 1]);
+                for (int j = 0; j < 16; ++j) acc[pt * 16 + j] += x0 * bf16_to_f32(bp[2 * j]) + x1 * bf16_to_f32(bp[2 * j + 1]);
             }
         }
         memcpy(tmp + r * kTileCols, acc, sizeof acc);
@@ -569,7 +564,7 @@ const nf_epilogue* Bf16Bias::get(const nf_epilogue* e, long N) {
     if (!e || !e->bias_bf16 || e->bias || N <= 0) return e;
     ep = *e;
     buf = (float*)malloc((size_t)N * sizeof(float));
-    for (long j = 0; j < N; ++j) buf[j] = bf16f(e->bias_bf16[j]);
+    for (long j = 0; j < N; ++j) buf[j] = bf16_to_f32(e->bias_bf16[j]);
     ep.bias = buf;
     ep.bias_bf16 = nullptr;
     return &ep;

@@ -29,6 +29,14 @@ bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const
              long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
 bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
              float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* The same products with a bf16 A and / or a bf16 W or B, converted to float32 in registers (W read
+ * in place: half of float32's bytes; M <= 8 for a bf16 W, else as above); float32 accumulation. */
+bool gemv_nt_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a, long cs_a, const void* Wt,
+                   bool w_bf16, long ldw, float* C, long ldc, int accumulate, const struct nf_epilogue* ep,
+                   int nthreads);
+bool gemv_kn_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a, long cs_a, const void* B,
+                   bool b_bf16, long rs_b, long cs_b, float* C, long ldc, int accumulate,
+                   const struct nf_epilogue* ep, int nthreads);
 /* The same nt product with an int8 W (weight-only quantization; the scales are the caller's epilogue), M <= 8 */
 bool gemv_nt_i8(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* Wt, long ldw, float* C,
                 long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);

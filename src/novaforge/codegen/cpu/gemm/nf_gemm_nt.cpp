@@ -46,13 +46,6 @@ namespace {
 
 inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 
-inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 struct NtProblem {
     long M, N, K;
     const void* A;
@@ -119,7 +112,7 @@ int row_tiles(long rows, int* sizes) {
 
 template <typename T>
 inline float to_f32(T x) {
-    if constexpr (sizeof(T) == 2) return bf16_to_f32(x);
+    if constexpr (sizeof(T) == 2) return nfs::bf16_to_f32(x);
     else return x;
 }
 
@@ -584,8 +577,8 @@ void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs
         nfi::bf16_native(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, 1, ldw, C, ldc, accumulate, ep,
                          nthreads))
         return;
-    if (!a_bf16 && !w_bf16 &&
-        nfi::gemv_nt(M, N, K, (const float*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads))
+    if (nfi::gemv_nt_mixed(M, N, K, A, a_bf16 != 0, rs_a, cs_a, Wt, w_bf16 != 0, ldw, C, ldc, accumulate, ep,
+                           nthreads))
         return;
     const NtPath path = nt_path(M, K, ldw, w_bf16 != 0);
     if (path == NtPath::pack)

@@ -14,6 +14,16 @@
 
 #define NF_INLINE inline __attribute__((always_inline))
 
+namespace nfs {
+/* a bf16 value (the upper 16 bits of a float32) as float32: exact */
+NF_INLINE float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+}  // namespace nfs
+
 #if defined(__AVX512F__) && !defined(NF_GEMM_NO_AVX512)
 #include <immintrin.h>
 #define NF_ISA 2
@@ -34,6 +44,10 @@ NF_INLINE vf vload_mask(const float* p, vm m) { return _mm512_maskz_loadu_ps(m, 
 /* W int8 values from p, as floats (an int8 weight dequantized in registers) */
 NF_INLINE vf vload_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+/* W bf16 values from p, as floats (exact: each shifted into a float's upper half) */
+NF_INLINE vf vload_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 NF_INLINE void vstore_mask(float* p, vm m, vf v) { _mm512_mask_storeu_ps(p, m, v); }
 NF_INLINE vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -125,6 +139,9 @@ NF_INLINE vm vmask_range(int lo, int hi) {
 NF_INLINE vf vload_mask(const float* p, vm m) { return _mm256_maskload_ps(p, m); }
 NF_INLINE vf vload_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+NF_INLINE vf vload_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 NF_INLINE void vstore_mask(float* p, vm m, vf v) { _mm256_maskstore_ps(p, m, v); }
 NF_INLINE vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
@@ -219,6 +236,9 @@ NF_INLINE void vstore_mask(float* p, vm m, vf v) {
     for (int l = 0; l < W; ++l) if (m[l]) p[l] = v[l];
 }
 NF_INLINE vf vload_i8(const int8_t* p) { return vf{(float)p[0], (float)p[1], (float)p[2], (float)p[3]}; }
+NF_INLINE vf vload_bf16(const uint16_t* p) {
+    return vf{bf16_to_f32(p[0]), bf16_to_f32(p[1]), bf16_to_f32(p[2]), bf16_to_f32(p[3])};
+}
 NF_INLINE vf vfma(vf a, vf b, vf c) { return a * b + c; }
 NF_INLINE vf vadd(vf a, vf b) { return a + b; }
 NF_INLINE vf vsub(vf a, vf b) { return a - b; }
@@ -343,14 +363,21 @@ NF_INLINE vf vact(vf x, int act) {
 }  // namespace nfs
 
 namespace nfs {
-/* W elements of a float32 or int8 operand as floats; the _tail forms read n < W elements (the rest 0) */
+/* W elements of a float32, int8 or bf16 (uint16_t) operand as floats; the _tail forms read n < W
+ * elements (the rest 0) */
 NF_INLINE vf vload_as_f32(const float* p) { return vload(p); }
 NF_INLINE vf vload_as_f32(const int8_t* p) { return vload_i8(p); }
+NF_INLINE vf vload_as_f32(const uint16_t* p) { return vload_bf16(p); }
 NF_INLINE vf vload_as_f32_tail(const float* p, int n) { return vload_mask(p, vmask_range(0, n)); }
 NF_INLINE vf vload_as_f32_tail(const int8_t* p, int n) {
     int8_t t[16] = {0};
     memcpy(t, p, (size_t)n);
     return vload_i8(t);
+}
+NF_INLINE vf vload_as_f32_tail(const uint16_t* p, int n) {
+    uint16_t t[16] = {0};
+    memcpy(t, p, (size_t)n * 2);
+    return vload_bf16(t);
 }
 }  // namespace nfs
 

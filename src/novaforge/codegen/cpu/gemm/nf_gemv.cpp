@@ -1,6 +1,8 @@
-/* nf_gemv.cpp — decode-sized float32 products (M <= 4 rows of A; with row-major B, M <= 8 on AVX-512
- * builds, whose 32 vector registers hold the 8 x 2 broadcasts) with B read in place, one contiguous
- * stream of B per thread.
+/* nf_gemv.cpp — decode-sized products (M <= 4 rows of A; with row-major B, M <= 8 on AVX-512
+ * builds, whose 32 vector registers hold the 8 x 2 broadcasts; M <= 8 for an int8 or bf16 W) with B
+ * read in place, one contiguous stream of B per thread. B is float32, bf16 or (nt only) int8 and A
+ * float32 or bf16; both are converted to float32 in registers (A once, when staged) and the sums are
+ * float32.
  *
  * A decode step reads every weight once and does 2 flops per weight element: its matmuls are bound
  * by how fast the cores can stream the weights. Two cores reach the machine's read bandwidth only
@@ -40,8 +42,8 @@ namespace {
 inline long cdiv(long a, long b) { return (a + b - 1) / b; }
 
 constexpr long kGemvRows = 4;  // nt, float32 W
-constexpr long kI8PrefetchGroups = 4;  // int8 W: software prefetch distance, in groups of R rows
-constexpr long kGemvRowsI8 = 8;  // nt, int8 W: rows 5-8 in a second pass over W's rows while they are in L1
+constexpr long kNarrowPrefetchGroups = 4;  // int8 / bf16 W: software prefetch distance, in groups of R rows
+constexpr long kGemvRowsNarrow = 8;  // nt, int8 / bf16 W: rows 5-8 in a second pass over W's rows while in L1
 #if NF_ISA == 2
 constexpr long kGemvRowsKn = 8;
 #else
@@ -69,11 +71,17 @@ inline void part_range(long total, long unit, int i, int n, long* lo, long* hi) 
     *hi = std::min(total, units * (i + 1) / n * unit);
 }
 
-/* A's M rows as a contiguous M x K float32 block (A is small: M <= 4 rows) */
-const float* stage_a(const float* A, long M, long K, long rs_a, long cs_a, float* buf) {
-    if (cs_a == 1 && (M == 1 || rs_a == K)) return A;
+/* A's M rows as a contiguous M x K float32 block (A is small: M <= 8 rows); a bf16 A is converted */
+template <typename TA>
+const float* stage_a(const TA* A, long M, long K, long rs_a, long cs_a, float* buf) {
+    if constexpr (sizeof(TA) == 4) {
+        if (cs_a == 1 && (M == 1 || rs_a == K)) return A;
+    }
     for (long m = 0; m < M; ++m)
-        for (long k = 0; k < K; ++k) buf[m * K + k] = A[m * rs_a + k * cs_a];
+        for (long k = 0; k < K; ++k) {
+            if constexpr (sizeof(TA) == 4) buf[m * K + k] = A[m * rs_a + k * cs_a];
+            else buf[m * K + k] = nfs::bf16_to_f32(A[m * rs_a + k * cs_a]);
+        }
     return buf;
 }
 
@@ -87,19 +95,20 @@ void finish_chunk(float* C, long ldc, long M, long c0, long c1, long col0, const
 
 /* ---------------- nt: W [N, K], C[m, j] = sum_k A[m, k] * W[j, k] ---------------- */
 
-/* C[m, j..j+R) (+= when add) for R <= 4 rows of W (float32 or int8) from j, all of K */
+/* C[m, j..j+R) (+= when add) for R <= 4 rows of W (float32, bf16 or int8) from j, all of K */
 template <int MR, int R, typename T>
 NF_INLINE void nt_group(const float* a, long K, const T* w, long ldw, float* c, long ldc, bool add) {
     nfs::vf acc[MR][R];
     for (int m = 0; m < MR; ++m)
         for (int r = 0; r < R; ++r) acc[m][r] = nfs::vzero();
     long k = 0;
-    // int8 W: the hardware prefetchers fall behind a stream that is consumed 4x faster per
-    // instruction than float32 (measured: 6.6 G weights/s per thread from DRAM, 15.6 from L3), so
-    // each step prefetches its share (R x W bytes) of the group kI8PrefetchGroups groups ahead
-    const char* pf = (const char*)(w + kI8PrefetchGroups * R * ldw);
+    // int8 (bf16) W: the hardware prefetchers fall behind a stream that is consumed 4x (2x) faster
+    // per instruction than float32 (int8, measured: 6.6 G weights/s per thread from DRAM, 15.6 from
+    // L3), so each step prefetches its share (R x W elements) of the group kNarrowPrefetchGroups
+    // groups ahead
+    const char* pf = (const char*)(w + kNarrowPrefetchGroups * R * ldw);
     for (; k + W <= K; k += W) {
-        if constexpr (sizeof(T) == 1) __builtin_prefetch(pf + k * R, 0, 2);
+        if constexpr (sizeof(T) < 4) __builtin_prefetch(pf + k * R * (long)sizeof(T), 0, 2);
         nfs::vf x[MR];
         for (int m = 0; m < MR; ++m) x[m] = nfs::vload(a + m * K + k);
         for (int r = 0; r < R; ++r) {
@@ -165,13 +174,14 @@ void nt_range(long M, const float* a, long K, const T* Wt, long ldw, float* C, l
 }
 
 /* the nt product on a team of threads, each on its own contiguous rows of W */
-template <typename T>
-void nt_team(long M, long N, long K, const float* A, long rs_a, long cs_a, const T* Wt, long ldw, float* C,
+template <typename TA, typename T>
+void nt_team(long M, long N, long K, const TA* A, long rs_a, long cs_a, const T* Wt, long ldw, float* C,
              long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
     const int nt = team_size(M, N, K, nthreads);
     auto run = [&](int t, int n) {
         nfi::Scratch& ws = t_gemv_scratch;
-        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
+        const float* a =
+            stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
         long n0, n1;
         part_range(N, W, t, n, &n0, &n1);
         if (n0 < n1) nt_range(M, a, K, Wt, ldw, C, ldc, accumulate != 0, n0, n1, ep);
@@ -186,22 +196,32 @@ void nt_team(long M, long N, long K, const float* A, long rs_a, long cs_a, const
 
 /* ---------------- kn: B [K, N], partial[m, j] = sum_{k in [k0, k1)} A[m, k] * B[k, j] ---------------- */
 
-template <int MR>
-void kn_partial(const float* a, long K, const float* B, long rs_b, long N, long k0, long k1, float* part) {
-    constexpr int KB = MR > 4 ? 2 : 4;  // rows of B a step: M x KB broadcasts of A stay in registers
+template <int MR, typename TB>
+void kn_partial(const float* a, long K, const TB* B, long rs_b, long N, long k0, long k1, float* part) {
+    // rows of B a step: M x KB broadcasts of A stay in registers; a bf16 B's rows are half as long
+    // in bytes, so 8 of them a step keep the partial's loads and stores per byte of B as float32's
+    constexpr int KB = MR > 4 ? 2 : (sizeof(TB) == 2 && MR <= 2) ? 8 : 4;
     memset(part, 0, (size_t)(MR * N) * sizeof(float));
     const long full = N / W * W;
     const nfs::vm tail = nfs::vmask_range(0, (int)(N - full));
     long k = k0;
     for (; k + KB <= k1; k += KB) {
-        const float* b[KB];
+        const TB* b[KB];
         for (int q = 0; q < KB; ++q) b[q] = B + (k + q) * rs_b;
         nfs::vf x[MR][KB];
         for (int m = 0; m < MR; ++m)
             for (int q = 0; q < KB; ++q) x[m][q] = nfs::vset1(a[m * K + k + q]);
         for (long j = 0; j < full; j += W) {
+            if constexpr (sizeof(TB) == 2 && KB == 8) {
+                // bf16: the hardware prefetchers fall behind 8 interleaved short rows (N = 768: 20 against
+                // 27 GB/s measured), so each j step prefetches the next step's rows at j, kRows of them,
+                // every 64-byte line of those rows once over kSteps steps
+                constexpr int kSteps = 32 / W > 0 ? 32 / W : 1, kRows = KB / kSteps > 0 ? KB / kSteps : 1;
+                const long q0 = (j / W) % kSteps * kRows;
+                for (long q = q0; q < q0 + kRows && q < KB; ++q) __builtin_prefetch(b[q] + KB * rs_b + j, 0, 2);
+            }
             nfs::vf v[KB];
-            for (int q = 0; q < KB; ++q) v[q] = nfs::vload(b[q] + j);
+            for (int q = 0; q < KB; ++q) v[q] = nfs::vload_as_f32(b[q] + j);
             for (int m = 0; m < MR; ++m) {
                 float* p = part + m * N + j;
                 nfs::vf s = nfs::vload(p);
@@ -211,7 +231,7 @@ void kn_partial(const float* a, long K, const float* B, long rs_b, long N, long 
         }
         if (full < N) {
             nfs::vf v[KB];
-            for (int q = 0; q < KB; ++q) v[q] = nfs::vload_mask(b[q] + full, tail);
+            for (int q = 0; q < KB; ++q) v[q] = nfs::vload_as_f32_tail(b[q] + full, (int)(N - full));
             for (int m = 0; m < MR; ++m) {
                 float* p = part + m * N + full;
                 nfs::vf s = nfs::vload_mask(p, tail);
@@ -221,19 +241,21 @@ void kn_partial(const float* a, long K, const float* B, long rs_b, long N, long 
         }
     }
     for (; k < k1; ++k) {
-        const float* b0 = B + k * rs_b;
+        const TB* b0 = B + k * rs_b;
         for (int m = 0; m < MR; ++m) {
             const nfs::vf x0 = nfs::vset1(a[m * K + k]);
             float* p = part + m * N;
-            for (long j = 0; j < full; j += W) nfs::vstore(p + j, nfs::vfma(x0, nfs::vload(b0 + j), nfs::vload(p + j)));
+            for (long j = 0; j < full; j += W)
+                nfs::vstore(p + j, nfs::vfma(x0, nfs::vload_as_f32(b0 + j), nfs::vload(p + j)));
             if (full < N)
-                nfs::vstore_mask(p + full, tail,
-                                 nfs::vfma(x0, nfs::vload_mask(b0 + full, tail), nfs::vload_mask(p + full, tail)));
+                nfs::vstore_mask(p + full, tail, nfs::vfma(x0, nfs::vload_as_f32_tail(b0 + full, (int)(N - full)),
+                                                           nfs::vload_mask(p + full, tail)));
         }
     }
 }
 
-void kn_partial_rows(long M, const float* a, long K, const float* B, long rs_b, long N, long k0, long k1, float* part) {
+template <typename TB>
+void kn_partial_rows(long M, const float* a, long K, const TB* B, long rs_b, long N, long k0, long k1, float* part) {
     switch (M) {
         case 1: kn_partial<1>(a, K, B, rs_b, N, k0, k1, part); break;
         case 2: kn_partial<2>(a, K, B, rs_b, N, k0, k1, part); break;
@@ -279,27 +301,13 @@ void kn_reduce(long M, long N, float* const* parts, int nparts, float* C, long l
 
 }  // namespace
 
-namespace nfi {
+namespace {
 
-bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
-             long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRows || N < 1 || K < 1 || !C) return false;
-    nt_team(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads);
-    return true;
-}
-
-bool gemv_nt_i8(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* Wt, long ldw, float* C,
-                long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRowsI8 || N < 1 || K < 1 || !C) return false;
-    nt_team(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads);
-    return true;
-}
-
-bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
-             float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
-    if (!g_gemv_on.load(std::memory_order_relaxed) || M < 1 || M > kGemvRowsKn || N < 1 || K < 1 || cs_b != 1 ||
-        M * N > kMaxPartialFloats || (!C && accumulate))
-        return false;
+/* the kn product on a team: each thread's rows of B into its partial, one barrier, then each
+ * thread sums its columns of the partials and finishes them */
+template <typename TA, typename TB>
+void kn_team(long M, long N, long K, const TA* A, long rs_a, long cs_a, const TB* B, long rs_b, float* C, long ldc,
+             int accumulate, const nf_epilogue* ep, int nthreads) {
     const int want = team_size(M, N, K, nthreads);
     float* parts[64];
     const int nt = std::min(want, 64);
@@ -315,7 +323,7 @@ bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const
     if (nt <= 1) {
         partial(0, 1);
         kn_reduce(M, N, parts, 1, C, ldc, accumulate != 0, 0, N, ep);
-        return true;
+        return;
     }
 #pragma omp parallel num_threads(nt)
     {
@@ -326,6 +334,59 @@ bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const
         part_range(N, W, t, n, &c0, &c1);
         if (c0 < c1) kn_reduce(M, N, parts, n, C, ldc, accumulate != 0, c0, c1, ep);
     }
+}
+
+bool gemv_on() { return g_gemv_on.load(std::memory_order_relaxed) != 0; }
+
+}  // namespace
+
+namespace nfi {
+
+bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* Wt, long ldw, float* C,
+             long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    return gemv_nt_mixed(M, N, K, A, false, rs_a, cs_a, Wt, false, ldw, C, ldc, accumulate, ep, nthreads);
+}
+
+bool gemv_nt_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a, long cs_a, const void* Wt,
+                   bool w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (!gemv_on() || M < 1 || M > (w_bf16 ? kGemvRowsNarrow : kGemvRows) || N < 1 || K < 1 || !C) return false;
+    if (a_bf16 && w_bf16)
+        nt_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    else if (a_bf16)
+        nt_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    else if (w_bf16)
+        nt_team(M, N, K, (const float*)A, rs_a, cs_a, (const uint16_t*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    else
+        nt_team(M, N, K, (const float*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    return true;
+}
+
+bool gemv_nt_i8(long M, long N, long K, const float* A, long rs_a, long cs_a, const int8_t* Wt, long ldw, float* C,
+                long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    if (!gemv_on() || M < 1 || M > kGemvRowsNarrow || N < 1 || K < 1 || !C) return false;
+    nt_team(M, N, K, A, rs_a, cs_a, Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    return true;
+}
+
+bool gemv_kn(long M, long N, long K, const float* A, long rs_a, long cs_a, const float* B, long rs_b, long cs_b,
+             float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
+    return gemv_kn_mixed(M, N, K, A, false, rs_a, cs_a, B, false, rs_b, cs_b, C, ldc, accumulate, ep, nthreads);
+}
+
+bool gemv_kn_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a, long cs_a, const void* B,
+                   bool b_bf16, long rs_b, long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep,
+                   int nthreads) {
+    if (!gemv_on() || M < 1 || M > kGemvRowsKn || N < 1 || K < 1 || cs_b != 1 || M * N > kMaxPartialFloats ||
+        (!C && accumulate))
+        return false;
+    if (a_bf16 && b_bf16)
+        kn_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, C, ldc, accumulate, ep, nthreads);
+    else if (a_bf16)
+        kn_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const float*)B, rs_b, C, ldc, accumulate, ep, nthreads);
+    else if (b_bf16)
+        kn_team(M, N, K, (const float*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, C, ldc, accumulate, ep, nthreads);
+    else
+        kn_team(M, N, K, (const float*)A, rs_a, cs_a, (const float*)B, rs_b, C, ldc, accumulate, ep, nthreads);
     return true;
 }
 
