@@ -50,12 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "256 / 1024 training; matmul: tokens = batch x seq)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="float32 (CPU default) or bfloat16 (GPU default): bf16 weights for inference, autocast for "
-                        "training, OpenVINO's precision hint. int8-weight / int8-dynamic (CPU inference only): the "
-                        "model quantized by novaforge.quantize (torchao: int8 weights; -dynamic also int8 "
-                        "activations) for novaforge, eager and torch.compile, ORT's quantize_dynamic on the export "
-                        "for onnxruntime (int8-dynamic only); correctness vs float32 eager (top-1 for logits). "
-                        "Runners without the dtype are skipped with the reason")
+                   help="float32 (CPU default) or bfloat16 (GPU default): bf16 weights for inference and "
+                        "generate, autocast for training, OpenVINO's precision hint. int8-weight / int8-dynamic "
+                        "(CPU inference and generate only): the model quantized by novaforge.quantize (torchao: "
+                        "int8 weights; -dynamic also int8 activations) for novaforge, eager and torch.compile, "
+                        "ORT's quantize_dynamic on the export for onnxruntime (int8-dynamic only); correctness vs "
+                        "float32 eager (top-1 for logits; generate: tokens equal eager's at the same precision, "
+                        "and the share equal to float32 eager's). Runners without the dtype are skipped with the "
+                        "reason")
     p.add_argument("--runs", type=int, default=None,
                    help="timed calls per process (default 30 at batch 1, 20 above; 10 for training and matmul)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per process (default 3; 2 for training)")
