@@ -149,10 +149,15 @@ def test_bf16_operands_stream_in_place(layout, dtypes, m, k, n):
         b16 = b
     assert b16.stride() == b.stride()
     a_ref, b_ref = a16.float(), b16.float()
+    # rows the streaming path takes: nt 8 with a bf16 W (else 4); kn 8 on AVX-512 builds (else 4)
+    streams = m <= (8 if (dtypes[1] == "bf16" if layout == "nt" else ops.isa() == "avx512") else 4)
     for threads in (1, 2):
         for on in (True, False):
             with ops.gemv_path(on):
+                before = ops.bf16_counts()["stream"]
                 _close(_product(layout, a16, b16, nthreads=threads), a_ref, b_ref)
+                # the report's count of streamed bf16 products: exactly the calls that took the path
+                assert ops.bf16_counts()["stream"] - before == int(on and streams)
                 got = _product(layout, a16, b16, bias=bias, act="gelu_tanh", residual=res, nthreads=threads)
                 _close(got, a_ref, b_ref, lambda x: ACTS["gelu_tanh"](x + bias.double()) + res.double())
                 out = torch.randn(m, n)

@@ -32,7 +32,11 @@ def test_decode_rows_stream_the_bf16_weights(rows):
     with torch.no_grad():
         ref = model(x)
         f = novaforge.compile(model, freeze=True)
+        f(x)
+        before = ops.bf16_counts()["stream"]
         streamed = f(x)
+        # fc (W [N, K]: up to 8 rows) and proj ([K, N]: up to 4 rows, 8 on AVX-512 builds)
+        assert ops.bf16_counts()["stream"] - before == 1 + (rows <= 4 or ops.isa() == "avx512")
         with ops.gemv_path(False):
             blocked = f(x)
     _close(streamed, ref)

@@ -705,8 +705,11 @@ void nf_gemm_mixed(long M, long N, long K, const void* A, int a_bf16, long rs_a,
                          nthreads))
         return;
     if (nfi::gemv_kn_mixed(M, N, K, A, a_bf16 != 0, rs_a, cs_a, B, b_bf16 != 0, rs_b, cs_b, C, ldc, accumulate, ep,
-                           nthreads))
+                           nthreads)) {
+        if (a_bf16 || b_bf16) nfi::count_bf16(NF_BF16_STREAMED);
         return;
+    }
+    if (a_bf16 || b_bf16) nfi::count_bf16(NF_BF16_CONVERT);
     Problem P = make_problem(M, N, K, A, a_bf16 != 0, 0, rs_a, cs_a, nullptr, 0, (const float*)B, 0, rs_b, cs_b, C, 0,
                              ldc, accumulate, ep);
     P.b_bf16 = b_bf16 != 0;

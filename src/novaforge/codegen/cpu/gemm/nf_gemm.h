@@ -171,13 +171,18 @@ void nf_gemm_bf16_packed(long M, long N, long K, const uint16_t* A, long rs_a, l
  * CPU has it, chosen at run time: AMX-BF16 tiles (TDPBF16PS; Sapphire Rapids and later, with the Linux
  * tile permission requested once per process), else AVX512-BF16 (VDPBF16PS; Zen 4, Cooper Lake),
  * else the float32-conversion path above. nf_gemm_mixed and nf_gemm_nt_mixed take the native path
- * when both operands are bf16 and M >= 16 (fewer rows: the conversion path's dot-product kernel). */
+ * when both operands are bf16 and M >= 16; fewer rows take the decode path that streams the bf16
+ * weight in place (nf_gemv.cpp: M <= 8, or <= 4 for a row-major B without AVX-512), else the
+ * conversion path's dot-product kernel. */
 enum nf_bf16_path { NF_BF16_CONVERT = 0, NF_BF16_AVX512 = 1, NF_BF16_AMX = 2 };
 int nf_gemm_bf16_path(void);    /* the path bf16 products take now */
 int nf_gemm_bf16_hw_path(void); /* the best path this CPU (and OS) allows */
 /* Force a path (tests): at most the hardware's (a higher one is lowered to it); -1: the hardware's. */
 void nf_gemm_set_bf16_path(int path);
-/* counts[path] += calls that took each path since the library was loaded (3 longs) */
+/* Calls since the library was loaded (NF_BF16_COUNTS longs): counts[path] took that path (convert:
+ * a bf16 operand converted to float32 while packing or staging), counts[NF_BF16_STREAMED] were
+ * decode-sized products with a bf16 operand streamed in place (nf_gemv.cpp, converted in registers). */
+enum { NF_BF16_STREAMED = 3, NF_BF16_COUNTS = 4 };
 void nf_gemm_bf16_counts(long* counts);
 /* B (bf16, B(k, n) = B[k*stride_k + n*stride_n]) in VNNI panels: 16 columns each, K rounded up to 32,
  * panel[kq*32 + 2j + h] = B(2kq + h, 16p + j), zero-padded; the same on every CPU (size in bf16 elements). */

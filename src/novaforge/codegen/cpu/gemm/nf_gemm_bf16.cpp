@@ -113,7 +113,7 @@ int hw_path() {
 }
 
 std::atomic<int> g_forced{-1};
-std::atomic<long> g_counts[3];
+std::atomic<long> g_counts[NF_BF16_COUNTS];  // the three paths, then NF_BF16_STREAMED
 
 int bf16_path() {
     const int f = g_forced.load(std::memory_order_relaxed);
@@ -570,15 +570,14 @@ const nf_epilogue* Bf16Bias::get(const nf_epilogue* e, long N) {
     return &ep;
 }
 
+void count_bf16(int slot) { g_counts[slot].fetch_add(1, std::memory_order_relaxed); }
+
 /* bf16 A and B (B(k, n) = B[k * rs_b + n * cs_b]) on the native path, when the CPU has one and the
- * shape suits it; false (nothing done) otherwise, and the caller runs the conversion path. */
+ * shape suits it; false (nothing done, nothing counted) otherwise, and the caller runs another path. */
 bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
                  long cs_b, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
     const int path = bf16_path();
-    if (path == NF_BF16_CONVERT || M < kMinRows || N <= 0 || K <= 0 || (C == nullptr && accumulate)) {
-        g_counts[NF_BF16_CONVERT].fetch_add(1, std::memory_order_relaxed);
-        return false;
-    }
+    if (path == NF_BF16_CONVERT || M < kMinRows || N <= 0 || K <= 0 || (C == nullptr && accumulate)) return false;
     g_counts[path].fetch_add(1, std::memory_order_relaxed);
     run_job(make_job(M, N, K, A, rs_a, cs_a, BSrc{nullptr, B, rs_b, cs_b}, C, ldc, accumulate, ep, path), nthreads);
     return true;
@@ -591,7 +590,7 @@ int nf_gemm_bf16_path(void) { return bf16_path(); }
 int nf_gemm_bf16_hw_path(void) { return hw_path(); }
 void nf_gemm_set_bf16_path(int path) { g_forced.store(path < 0 ? -1 : std::min(path, (int)NF_BF16_AMX)); }
 void nf_gemm_bf16_counts(long* counts) {
-    for (int i = 0; i < 3; ++i) counts[i] = g_counts[i].load(std::memory_order_relaxed);
+    for (int i = 0; i < NF_BF16_COUNTS; ++i) counts[i] = g_counts[i].load(std::memory_order_relaxed);
 }
 
 long nf_gemm_vnni_size(long K, long N) { return cdiv(std::max(N, 0L), kPanel) * kPanel * kpad(K); }

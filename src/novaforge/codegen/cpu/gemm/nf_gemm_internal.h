@@ -21,6 +21,8 @@ bool few_rows_rowmajor(long M, long N, long K, const float* A, long rs_a, long c
  * otherwise: the caller then runs the float32-conversion path. */
 bool bf16_native(long M, long N, long K, const uint16_t* A, long rs_a, long cs_a, const uint16_t* B, long rs_b,
                  long cs_b, float* C, long ldc, int accumulate, const struct nf_epilogue* ep, int nthreads);
+/* One more call in nf_gemm_bf16_counts' slot `slot` (a path, or NF_BF16_STREAMED) */
+void count_bf16(int slot);
 /* Decode-sized float32 products (nf_gemv.cpp), M <= 4 (row-major B: 8 on AVX-512 builds): C = A @ W^T with W [N, K] (ldw) and C =
  * A @ B with B row-major (cs_b == 1), one contiguous stream of the weight per thread; false (nothing done)
  * when the shape does not qualify or the path is off (nf_gemm_set_gemv). gemv_nt needs C; gemv_kn takes

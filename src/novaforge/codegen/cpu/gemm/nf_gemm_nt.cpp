@@ -578,8 +578,11 @@ void nf_gemm_nt_mixed(long M, long N, long K, const void* A, int a_bf16, long rs
                          nthreads))
         return;
     if (nfi::gemv_nt_mixed(M, N, K, A, a_bf16 != 0, rs_a, cs_a, Wt, w_bf16 != 0, ldw, C, ldc, accumulate, ep,
-                           nthreads))
+                           nthreads)) {
+        if (a_bf16 || w_bf16) nfi::count_bf16(NF_BF16_STREAMED);
         return;
+    }
+    if (a_bf16 || w_bf16) nfi::count_bf16(NF_BF16_CONVERT);
     const NtPath path = nt_path(M, K, ldw, w_bf16 != 0);
     if (path == NtPath::pack)
         nf_gemm_mixed(M, N, K, A, a_bf16, rs_a, cs_a, Wt, w_bf16, 1, ldw, C, ldc, accumulate, ep, nthreads);

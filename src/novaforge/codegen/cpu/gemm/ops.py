@@ -49,10 +49,11 @@ def bf16_hw_path() -> str:
 
 
 def bf16_counts() -> dict[str, int]:
-    """Calls per bf16 path since the library was loaded (the report of which path ran)."""
-    arr = (ctypes.c_long * 3)()
+    """Calls per bf16 path since the library was loaded (the report of which path ran): the paths of
+    `BF16_PATHS`, and 'stream' (decode-sized products with a bf16 operand read in place, nf_gemv.cpp)."""
+    arr = (ctypes.c_long * 4)()
     lib().nf_gemm_bf16_counts(arr)
-    return {name: int(arr[i]) for i, name in BF16_PATHS.items()}
+    return {**{name: int(arr[i]) for i, name in BF16_PATHS.items()}, "stream": int(arr[3])}
 
 
 def i8_counts() -> dict[str, int]:
