@@ -95,6 +95,26 @@ def test_torchao_int8_weight_only_both_entries(rows):
 
 
 @pytest.mark.parametrize("freeze", [False, True])
+def test_torchao_grouped_scales_both_entries(freeze):
+    """Int8WeightOnlyConfig(granularity=PerGroup(32)): one scale per 32 inputs of a row. Not the int8
+    kernel (recognize_int8_weights matches per-channel scales only): dequantized by generated pointwise
+    kernels every call, or folded into a float32 weight when frozen; eager's results either way."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 160), torch.nn.GELU(), torch.nn.Linear(160, 48)).eval()
+    quantize_(model, Int8WeightOnlyConfig(granularity=PerGroup(32)))
+    assert model[0].weight.scale.shape == (160, 2)
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        ref = model(x)
+        for name, f in _entries(model, freeze).items():
+            torch.testing.assert_close(f(x), ref, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
 def test_torchao_weights_reassigned_or_changed_are_seen(freeze):
     model = _quantized("Int8WeightOnlyConfig")
     x = torch.randn(3, 64)
