@@ -180,8 +180,7 @@ void nt_team(long M, long N, long K, const TA* A, long rs_a, long cs_a, const T*
     const int nt = team_size(M, N, K, nthreads);
     auto run = [&](int t, int n) {
         nfi::Scratch& ws = t_gemv_scratch;
-        const float* a =
-            stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
+        const float* a = stage_a(A, M, K, rs_a, cs_a, nfi::Scratch::grow(ws.a, ws.a_cap, M * K + 16));
         long n0, n1;
         part_range(N, W, t, n, &n0, &n1);
         if (n0 < n1) nt_range(M, a, K, Wt, ldw, C, ldc, accumulate != 0, n0, n1, ep);
@@ -216,9 +215,9 @@ void kn_partial(const float* a, long K, const TB* B, long rs_b, long N, long k0,
                 // bf16: the hardware prefetchers fall behind 8 interleaved short rows (N = 768: 20 against
                 // 27 GB/s measured), so each j step prefetches the next step's rows at j, kRows of them,
                 // every 64-byte line of those rows once over kSteps steps
-                constexpr int kSteps = 32 / W > 0 ? 32 / W : 1, kRows = KB / kSteps > 0 ? KB / kSteps : 1;
+                constexpr int kSteps = 32 / W, kRows = KB / kSteps;  // W is 4, 8 or 16 lanes
                 const long q0 = (j / W) % kSteps * kRows;
-                for (long q = q0; q < q0 + kRows && q < KB; ++q) __builtin_prefetch(b[q] + KB * rs_b + j, 0, 2);
+                for (long q = q0; q < q0 + kRows; ++q) __builtin_prefetch(b[q] + KB * rs_b + j, 0, 2);
             }
             nfs::vf v[KB];
             for (int q = 0; q < KB; ++q) v[q] = nfs::vload_as_f32(b[q] + j);
@@ -338,6 +337,17 @@ void kn_team(long M, long N, long K, const TA* A, long rs_a, long cs_a, const TB
 
 bool gemv_on() { return g_gemv_on.load(std::memory_order_relaxed) != 0; }
 
+/* fn(a, b) with A and B as typed pointers: uint16_t (bf16) or float */
+template <typename Fn>
+void with_types(const void* A, bool a_bf16, const void* B, bool b_bf16, Fn&& fn) {
+    auto second = [&](auto a) {
+        if (b_bf16) fn(a, (const uint16_t*)B);
+        else fn(a, (const float*)B);
+    };
+    if (a_bf16) second((const uint16_t*)A);
+    else second((const float*)A);
+}
+
 }  // namespace
 
 namespace nfi {
@@ -350,14 +360,9 @@ bool gemv_nt(long M, long N, long K, const float* A, long rs_a, long cs_a, const
 bool gemv_nt_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a, long cs_a, const void* Wt,
                    bool w_bf16, long ldw, float* C, long ldc, int accumulate, const nf_epilogue* ep, int nthreads) {
     if (!gemv_on() || M < 1 || M > (w_bf16 ? kGemvRowsNarrow : kGemvRows) || N < 1 || K < 1 || !C) return false;
-    if (a_bf16 && w_bf16)
-        nt_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
-    else if (a_bf16)
-        nt_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
-    else if (w_bf16)
-        nt_team(M, N, K, (const float*)A, rs_a, cs_a, (const uint16_t*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
-    else
-        nt_team(M, N, K, (const float*)A, rs_a, cs_a, (const float*)Wt, ldw, C, ldc, accumulate, ep, nthreads);
+    with_types(A, a_bf16, Wt, w_bf16, [&](auto a, auto w) {
+        nt_team(M, N, K, a, rs_a, cs_a, w, ldw, C, ldc, accumulate, ep, nthreads);
+    });
     return true;
 }
 
@@ -379,14 +384,9 @@ bool gemv_kn_mixed(long M, long N, long K, const void* A, bool a_bf16, long rs_a
     if (!gemv_on() || M < 1 || M > kGemvRowsKn || N < 1 || K < 1 || cs_b != 1 || M * N > kMaxPartialFloats ||
         (!C && accumulate))
         return false;
-    if (a_bf16 && b_bf16)
-        kn_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, C, ldc, accumulate, ep, nthreads);
-    else if (a_bf16)
-        kn_team(M, N, K, (const uint16_t*)A, rs_a, cs_a, (const float*)B, rs_b, C, ldc, accumulate, ep, nthreads);
-    else if (b_bf16)
-        kn_team(M, N, K, (const float*)A, rs_a, cs_a, (const uint16_t*)B, rs_b, C, ldc, accumulate, ep, nthreads);
-    else
-        kn_team(M, N, K, (const float*)A, rs_a, cs_a, (const float*)B, rs_b, C, ldc, accumulate, ep, nthreads);
+    with_types(A, a_bf16, B, b_bf16, [&](auto a, auto b) {
+        kn_team(M, N, K, a, rs_a, cs_a, b, rs_b, C, ldc, accumulate, ep, nthreads);
+    });
     return true;
 }
 
