@@ -18,8 +18,6 @@ nothing silently detaches.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -38,13 +36,12 @@ from .frontend.subclass_state import flatten_state
 from .frontend.symbolic_entry import SymbolicCaptures
 from .gc_pause import paused_gc
 from .ir import Graph
-from .ir.specialize import specialize
 from .ir.types import contiguous_strides
 from .options import Options
 from .passes.pipeline import PassRecord, run_pipeline
 from .runtime import check_numerics
-from .runtime.interpret import interpret
-from .runtime.state import StateBinding, fresh_outputs, mutated_shares_memory, share_memory, unshared_from, write_back
+from .runtime.entry import Entry
+from .runtime.state import mutated_shares_memory, share_memory
 from .runtime.tiering import Tiering, build_estimate, record_build
 
 
@@ -164,9 +161,9 @@ class CompiledModule:
         self.dynamic = SymbolicCaptures(fn, dynamic, freeze, self.options.random) if dynamic else None
         self.backend = backend
         self.tiering = Tiering(bool(dynamic) and self.options.tiered)  # dynamic: new sizes run eagerly first
-        self._programs: dict[tuple, _Entry] = {}
-        self._shared: dict[Any, _Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
-        self._instances: OrderedDict[tuple, _Entry] = OrderedDict()  # the last sizes made of shared programs
+        self._programs: dict[tuple, Entry] = {}
+        self._shared: dict[Any, Entry | bool] = {}  # symbolic capture -> its program for all sizes, or False
+        self._instances: OrderedDict[tuple, Entry] = OrderedDict()  # the last sizes made of shared programs
         self._train_entries: dict[tuple, Any] = {}  # calls that need gradients (train_entry.TrainEntry)
         self._trainer: Any = None  # calls that need gradients at varying sizes (Dynamo, dynamic shapes)
         self._via_dynamo: Any = None  # every call, once capture met what one traced graph cannot hold
@@ -324,7 +321,7 @@ class CompiledModule:
         _log_runtime.info("automatic dynamic: %s sizes of one input structure; dims %s are dynamic from now on "
                           "(new sizes run eagerly until they pay for a build)", len(same) + 1, dims)
 
-    def _shared_instance(self, key: tuple, args: tuple, kwargs: dict, flat: Any = None) -> _Entry | None:
+    def _shared_instance(self, key: tuple, args: tuple, kwargs: dict, flat: Any = None) -> Entry | None:
         """The entry of this call's sizes from its structure's shared program (one program for
         every size of a symbolic capture, built on the structure's first call), or None (no
         shared program: the call is compiled per size, tiered). Entries of the last sizes made
@@ -351,7 +348,7 @@ class CompiledModule:
             self.dynamic.specializations += 1
         return entry
 
-    def _build_shared(self, cap: Captured, args: tuple, kwargs: dict) -> _Entry | bool:
+    def _build_shared(self, cap: Captured, args: tuple, kwargs: dict) -> Entry | bool:
         """The entry of a symbolic capture's one program for all sizes, or False (logged)."""
         from .codegen.registry import get_backend
         from .generation import capturing
@@ -371,7 +368,7 @@ class CompiledModule:
         record_build(stats.times["total_s"])
         self.last_stats = stats
         _log_runtime.info("dynamic: one program for %s", cap.symbols.describe())
-        return _Entry(stats, self.fn)
+        return Entry(stats, self.fn)
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
         from .generation import capturing
@@ -437,12 +434,12 @@ class CompiledModule:
                                       "Dynamo with dynamic shapes from now on")
         return self._trainer
 
-    def _needs_grad(self, tensors: list[torch.Tensor], entry: _Entry) -> bool:
+    def _needs_grad(self, tensors: list[torch.Tensor], entry: Entry) -> bool:
         if not torch.is_grad_enabled():
             return False
         return any(t.requires_grad for t in tensors) or any(t.requires_grad for t in entry.binding.refs)
 
-    def _compile(self, args: tuple, kwargs: dict) -> _Entry:
+    def _compile(self, args: tuple, kwargs: dict) -> Entry:
         from .generation import capturing
 
         with capturing():  # a forward replaced by `generate` traces the original
@@ -453,7 +450,7 @@ class CompiledModule:
         record_build(stats.times["total_s"])
         _log_runtime.info("new input signature: program %d compiled", self.compilations)
         self.last_stats = stats
-        return _Entry(stats, self.fn)
+        return Entry(stats, self.fn)
 
     def stats(self) -> CompileStats | None:
         """The last compiled program's stats; for a module only ever called with gradients, its
@@ -495,9 +492,11 @@ class CompiledModule:
         binding is refreshed, and a stale one takes the full call, which recompiles) at every
         call, or with `state_each_call=False` only at the bind: for a loop during which the
         parameters cannot change (one `generate()` call; a frozen model's 148 tensors cost
-        ~0.3 ms a token to check). A call that does not run one plain program (training, Dynamo,
-        an eager tier, a program for symbolic sizes, inputs sharing memory with a mutated one)
-        gives `again` = the full call."""
+        ~0.3 ms a token to check); the program's input bindings and the memory checks of the
+        results are then made once, at the bind, too (`Entry.bind_call`: an int8 GPT-2's ~290
+        inputs cost ~1.3 ms a token, 1.22x, bound per call). A call that does not run one plain
+        program (training, Dynamo, an eager tier, a program for symbolic sizes, inputs sharing
+        memory with a mutated one) gives `again` = the full call."""
         kwargs = kwargs or {}
         result = self(*args, **kwargs)
         key, tensors, objs, _ = self._call_key(args, kwargs)
@@ -510,11 +509,13 @@ class CompiledModule:
                 (entry.mut_targets and mutated_shares_memory(tensors, entry.binding.refs, entry.mut_targets)):
             return full, result
 
+        once = None if state_each_call else entry.bind_call(tensors)  # (bound once: no per-call checks)
+
         def again() -> Any:
-            entry = self._programs.get(key)
-            if entry is None or (state_each_call and not entry.binding.refresh()):
+            now = self._programs.get(key)
+            if now is None or (state_each_call and not now.binding.refresh()):
                 return full()
-            return entry.run(tensors, objs, False)
+            return now.run(tensors, objs, False, once if now is entry else None)
 
         return again, result
 
@@ -530,97 +531,6 @@ class CompiledModule:
             tensors, objs, spec_key = flat.leaves, flat.objs, flat.spec.key
         key = (spec_key, _signature(tensors), torch.is_grad_enabled(), autocast_modes(), self._modes.key())
         return key, tensors, objs, flat
-
-
-class _Entry:
-    """One compiled signature: binds inputs and parameters, runs the program."""
-
-    def __init__(self, stats: CompileStats, module: Any) -> None:
-        self.stats = stats
-        self.captured = stats.captured
-        g = stats.graph
-        cap = self.captured
-        ref_names = [gi.name for gi in cap.graph.inputs if gi.kind in ("param", "buffer")]
-        const_names = {gi.tensor.data_ptr(): gi.name for gi in cap.graph.inputs
-                       if gi.kind == "const" and gi.tensor is not None and gi.tensor.device.type != "meta"}
-        frozen = [(const_names.get(t.data_ptr(), "") if t.device.type != "meta" else "", t) for t in cap.frozen]
-        self.binding = StateBinding(module, ref_names, cap.param_refs, frozen)
-        program = stats.program
-        self.outputs_fresh = bool(getattr(program, "outputs_fresh", False))
-        # results that are constants of the graph: each call gets its own copy
-        self.const_outputs = [i for i, v in enumerate(g.outputs)
-                              if g.input_of(v) is not None and g.input_of(v).kind == "const"]
-        self.input_binding: list[tuple[str, int]] = []
-        user = ref = 0
-        for gi in g.inputs:
-            if gi.kind == "user":
-                self.input_binding.append(("user", user))
-                user += 1
-            elif gi.kind in ("param", "buffer"):
-                self.input_binding.append(("ref", ref))
-                ref += 1
-        self.n_out = len(g.outputs)
-        self.mut_targets = self._mutation_targets(g)
-        self.compile_only = any(t.device.type == "meta" for t in self.captured.param_refs)
-        spec = self.captured.out_spec
-        self.out_is_leaf = self.n_out == 1 and spec is not None and spec.is_leaf()
-        self.values: dict | None = None  # symbol values (an entry made by `at`)
-
-    def at(self, values: dict) -> _Entry:
-        """This entry (of a program for symbolic sizes) at one call's sizes: the program
-        instantiated there (`CpuProgram.at`), everything else shared."""
-        entry = copy.copy(self)
-        entry.stats = dataclasses.replace(self.stats, program=self.stats.program.at(values))
-        entry.values = values
-        return entry
-
-    def _mutation_targets(self, g: Graph) -> list[tuple[str, int]]:
-        pos: dict[Any, tuple[str, int]] = {}
-        user = ref = 0
-        for gi in g.inputs:
-            if gi.kind == "user":
-                pos[gi.value] = ("user", user)
-                user += 1
-            elif gi.kind in ("param", "buffer"):
-                pos[gi.value] = ("ref", ref)
-                ref += 1
-        return [pos[old] for old, _ in g.mutations]
-
-    def run(self, tensors: list[torch.Tensor], objs: list[Any], needs_grad: bool) -> Any:
-        if self.compile_only:
-            raise RuntimeError("this model's parameters or buffers are on the meta device (no data): its program "
-                               "can be compiled and inspected (compile_only, explain) but not run")
-        refs = self.binding.refs
-        bound = [tensors[i] if kind == "user" else refs[i] for kind, i in self.input_binding]
-        compiled = not needs_grad and self.stats.program is not None
-        if compiled:
-            outs = self.stats.program.run(bound)
-        elif self.values is not None:  # a program for symbolic sizes: the captured graph at these sizes
-            outs = interpret(specialize(self.captured.graph, self.values), bound)
-        else:
-            outs = interpret(self.stats.graph, bound)
-        results, new_vals = outs[: self.n_out], outs[self.n_out:]
-        if not (compiled and self.outputs_fresh):
-            results = list(results)
-            for i in self.const_outputs:
-                results[i] = results[i].clone()
-            results = fresh_outputs(results, tensors, refs)
-        if self.mut_targets:
-            # a new value that is its input itself (the program updated it in place, as a training step's
-            # parameters and optimizer state) needs no write-back; the others are written back
-            pairs = [(d, v) for (kind, i), v in zip(self.mut_targets, new_vals, strict=True)
-                     if v is not (d := tensors[i] if kind == "user" else refs[i])]
-            if pairs:
-                dsts = [d for d, _ in pairs]
-                with torch.no_grad():
-                    for dst, val in zip(dsts, unshared_from([v for _, v in pairs], dsts), strict=True):
-                        write_back(dst, val)
-        if self.out_is_leaf:
-            return results[0]
-        spec = self.captured.out_spec
-        if isinstance(spec, pytrees.Spec):
-            return pytrees.unflatten(spec, list(results), inputs_objs=objs, inputs_tensors=tensors)
-        return pytree.tree_unflatten(list(results), spec)
 
 
 AUTOMATIC_DYNAMIC_AFTER = 2  # programs of one input structure before a new size makes its dims dynamic

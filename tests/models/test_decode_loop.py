@@ -183,3 +183,51 @@ def test_bind_sees_reassigned_parameters_and_inputs_updated_in_place():
         assert out is not again()  # fresh outputs each call
         once, _ = compiled.bind((x,), state_each_call=False)  # parameters read at the bind only
         torch.testing.assert_close(once(), model(x))
+
+
+def test_bind_once_checks_and_binds_at_the_bind():
+    """`bind(..., state_each_call=False)` binds the program's inputs and computes the memory a
+    result must not share once (`Entry.bind_call`); calls after it still see the inputs updated
+    in place, and each result is its own tensor."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    compiled = novaforge.compile(model)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        once, first = compiled.bind((x,), state_each_call=False)
+        (entry,) = compiled._programs.values()
+        bound = entry.bind_call([x])
+        assert bound is not None and any(t is x for t in bound.inputs)
+        assert x.untyped_storage().data_ptr() in bound.taken
+        outs = []
+        for _ in range(3):
+            x.mul_(0.5).add_(0.25)
+            outs.append(once())
+            torch.testing.assert_close(outs[-1], model(x))
+        assert len({o.data_ptr() for o in outs}) == 3 and all(o.data_ptr() != x.data_ptr() for o in outs)
+
+
+def test_bind_inputs_declines_inputs_each_call_must_copy():
+    """`CpuProgram.bind_inputs` binds nothing where a call binds a copy: a strided input, or one
+    that shares memory with an input the program writes in place; the plain call still runs."""
+    def f(a, b):
+        a.add_(b)
+        return a * 2
+
+    compiled = novaforge.compile(f)
+    a, b = torch.randn(4), torch.randn(4)
+    want_a = a + b
+    torch.testing.assert_close(compiled(a, b), want_a * 2)
+    torch.testing.assert_close(a, want_a)
+    (entry,) = compiled._programs.values()
+    program = entry.stats.program
+    assert program.bind_inputs([a, b]) is not None
+    assert program.bind_inputs([a, a]) is None  # b would read what the kernel already overwrote
+    assert program.bind_inputs([a, torch.randn(8)[::2]]) is None
+    assert program.bind_inputs([a]) is None
+    c = torch.randn(4)
+    before = a.clone()
+    again, first = compiled.bind((a, c), state_each_call=False)
+    torch.testing.assert_close(first, (before + c) * 2)
+    torch.testing.assert_close(again(), (before + 2 * c) * 2)
+    torch.testing.assert_close(a, before + 2 * c)  # the bind's call and this one

@@ -132,6 +132,13 @@ class ProgramTimings:
             [(o, lab, s - b) for (o, lab, s), (_, _, b) in zip(self.launches, before.launches, strict=True)])
 
 
+@dataclass(frozen=True)
+class BoundInputs:
+    """A call's inputs bound once (`CpuProgram.bind_inputs`): (slot, tensor, data address) each."""
+
+    slots: list[tuple[int, torch.Tensor, int]]
+
+
 @dataclass
 class OutputSpec:
     kind: OutputKind
@@ -304,6 +311,7 @@ class CpuProgram:
         self._env: list[torch.Tensor | None] = [None] * len(slots)
         self._lock: Any = threading.RLock()  # (re-entered by call_timed)
         self._inputs: list[tuple[int, int, TensorType]] = []  # (slot, input position, type)
+        self._ptrs_bound: BoundInputs | None = None  # the binding whose addresses the input slots hold
         self._written: list[int] = []  # positions of inputs whose buffer a kernel writes
         self._fresh: list[tuple[int, TensorType]] = []
         self._runners: list[Callable[[], None]] = []
@@ -543,12 +551,35 @@ class CpuProgram:
         return self._shared is not None
 
     # ------------------------------------------------------------------------- call
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: Sequence[torch.Tensor], bound: BoundInputs | None = None) -> list[torch.Tensor]:
+        """One call. `bound`: `bind_inputs(inputs)` of these same tensors, made before (a loop
+        that calls the program again and again on inputs it updates in place)."""
         if self.refiner is not None:
             return self.refiner.run(self, inputs)
-        return self.call_timed(inputs)
+        return self.call_timed(inputs, bound=bound)
 
-    def call_timed(self, inputs: Sequence[torch.Tensor], launch_s: list[float] | None = None) -> list[torch.Tensor]:
+    def bind_inputs(self, inputs: Sequence[torch.Tensor]) -> BoundInputs | None:
+        """What each call checks and binds of `inputs`, done once, for calls that pass these same
+        tensors again, with their memory unchanged (updated in place only: a decode loop's
+        token, cache and the parameters during one generate()). None where a call must bind
+        them itself: an input that is not contiguous or not of the program's type, or one that
+        shares memory with an input a kernel writes (those are bound as copies)."""
+        if len(inputs) != self.n_inputs:
+            return None
+        written = [spec.index for spec in self.slots if spec.kind == "input" and spec.written]
+        if written and self._shared_written_inputs(inputs, written):
+            return None
+        slots = []
+        for s, spec in enumerate(self.slots):
+            if spec.kind == "input":
+                t = inputs[spec.index]
+                if not t.is_contiguous() or t.dtype != spec.type.dtype or t.shape != spec.type.shape:
+                    return None
+                slots.append((s, t, t.data_ptr()))
+        return BoundInputs(slots)
+
+    def call_timed(self, inputs: Sequence[torch.Tensor], launch_s: list[float] | None = None,
+                   bound: BoundInputs | None = None) -> list[torch.Tensor]:
         """One call; with `launch_s` (a program whose glue has launch timers), the seconds of
         each generated launch of this call are appended to it (the timers are on for this call
         alone, under the program's lock)."""
@@ -559,11 +590,11 @@ class CpuProgram:
                 before = self._launch_totals()
                 self.lib.nf_prof_set(1)
                 try:
-                    return self._run_locked(inputs)
+                    return self._run_locked(inputs, bound)
                 finally:
                     self.lib.nf_prof_set(0)
                     launch_s.extend(b - a for a, b in zip(before, self._launch_totals(), strict=True))
-        return self._run_locked(inputs)
+        return self._run_locked(inputs, bound)
 
     def _launch_totals(self) -> list[float]:
         n = len(self.info.get("launch_keys") or ())
@@ -573,16 +604,16 @@ class CpuProgram:
         fn.restype = ctypes.POINTER(ctypes.c_double)
         return fn()[:n]
 
-    def _run_locked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _run_locked(self, inputs: Sequence[torch.Tensor], bound: BoundInputs | None = None) -> list[torch.Tensor]:
         with self._lock:
             shared = self._shared
             if shared is None:
-                return self._run(inputs)
+                return self._run(inputs, bound)
             if shared.held_here():  # called from inside another program's call: a private arena
                 self.release_arena()
                 try:
                     self._materialize(torch.empty(self._arena_bytes, dtype=torch.uint8))
-                    return self._run(inputs)
+                    return self._run(inputs, bound)
                 finally:
                     self.release_arena()
             with shared.lock:
@@ -592,27 +623,26 @@ class CpuProgram:
                     if not self._ready or self.arena is not buf:
                         shared.users.add(self)
                         self._materialize(buf)
-                    return self._run(inputs)
+                    return self._run(inputs, bound)
                 finally:
                     shared.owner = None
 
-    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _run(self, inputs: Sequence[torch.Tensor], bound: BoundInputs | None = None) -> list[torch.Tensor]:
         """One call (the program's lock, and the shared arena's if it uses it, held)."""
         t_run = time.perf_counter()
         if not self._ready:
             self._materialize()
         env, ptrs = self._env, self._ptrs
-        shared = self._shared_written_inputs(inputs) if self._written else ()
-        for s, i, ty in self._inputs:
-            t = inputs[i]
-            if not t.is_contiguous():
-                t = t.contiguous()
-            elif i in shared:  # written in place but another input reads the same memory
-                t = t.clone()
-            if t.dtype != ty.dtype or t.shape != ty.shape:
-                raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
-            env[s] = t
-            ptrs[s] = t.data_ptr()
+        if bound is None:
+            self._ptrs_bound = None
+            self._bind_call_inputs(inputs)
+        else:
+            for s, t, _ in bound.slots:
+                env[s] = t
+            if bound is not self._ptrs_bound:  # (the addresses stay from the last call on the same binding)
+                for s, _, p in bound.slots:
+                    ptrs[s] = p
+                self._ptrs_bound = bound
         for s, ty in self._fresh:
             t = torch.empty(ty.shape, dtype=ty.dtype)
             env[s] = t
@@ -634,15 +664,33 @@ class CpuProgram:
         self.run_s += time.perf_counter() - t_run
         return result
 
-    def _shared_written_inputs(self, inputs: Sequence[torch.Tensor]) -> set[int]:
-        """Inputs written in place whose storage another input shares (the caller passed one
-        tensor twice, or views of one): those are bound as copies, so that no kernel reads
-        memory an in-place kernel has already overwritten; the write-back stores the copy."""
+    def _bind_call_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Bind one call's inputs to their slots (a contiguous copy of a strided one; a copy of
+        one written in place whose memory another input shares)."""
+        env, ptrs = self._env, self._ptrs
+        shared = self._shared_written_inputs(inputs, self._written) if self._written else ()
+        for s, i, ty in self._inputs:
+            t = inputs[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+            elif i in shared:  # written in place but another input reads the same memory
+                t = t.clone()
+            if t.dtype != ty.dtype or t.shape != ty.shape:
+                raise TypeError(f"input {i}: expected {ty}, got {t.dtype}{list(t.shape)}")
+            env[s] = t
+            ptrs[s] = t.data_ptr()
+
+    @staticmethod
+    def _shared_written_inputs(inputs: Sequence[torch.Tensor], written: Sequence[int]) -> set[int]:
+        """Inputs written in place (positions `written`) whose storage another input shares (the
+        caller passed one tensor twice, or views of one): those are bound as copies, so that no
+        kernel reads memory an in-place kernel has already overwritten; the write-back stores
+        the copy."""
         ptrs = [storage_ptr(t) for t in inputs]
         owners: dict[int, int] = {}
         for p in ptrs:
             owners[p] = owners.get(p, 0) + 1
-        return {i for i in self._written if ptrs[i] and owners[ptrs[i]] > 1}
+        return {i for i in written if ptrs[i] and owners[ptrs[i]] > 1}
 
     def _output(self, o: OutputSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         if o.kind == "slot":

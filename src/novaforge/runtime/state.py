@@ -108,20 +108,28 @@ def _data_ptr(t: torch.Tensor) -> int:
     return t.data_ptr() if not t.is_meta else 0
 
 
+def input_storages(*groups: Sequence[torch.Tensor]) -> frozenset[int]:
+    """The storage addresses of the tensors in `groups` (inputs, parameters, ...), 0 left out."""
+    return frozenset(p for g in groups for t in g if (p := storage_ptr(t)))
+
+
 def fresh_outputs(results: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                  refs: Sequence[torch.Tensor], owned: Sequence[torch.Tensor] = ()) -> list[torch.Tensor]:
+                  refs: Sequence[torch.Tensor], owned: Sequence[torch.Tensor] = (),
+                  taken: frozenset[int] | None = None) -> list[torch.Tensor]:
     """`results` with every one that shares memory with an input, a parameter/buffer, a
-    program-owned tensor (`owned`) or an earlier result replaced by a contiguous copy."""
-    taken = {storage_ptr(t) for t in (*inputs, *refs, *owned)}
-    taken.discard(0)
+    program-owned tensor (`owned`) or an earlier result replaced by a contiguous copy.
+    `taken`: `input_storages(inputs, refs, owned)`, computed before (the same tensors, unchanged)."""
+    if taken is None:
+        taken = input_storages(inputs, refs, owned)
+    seen: set[int] = set()  # earlier results
     out = []
     for r in results:
         p = storage_ptr(r)
-        if p and p in taken:
+        if p and (p in taken or p in seen):
             r = r.clone(memory_format=torch.contiguous_format)
             p = storage_ptr(r)
         if p:
-            taken.add(p)
+            seen.add(p)
         out.append(r)
     return out
 
