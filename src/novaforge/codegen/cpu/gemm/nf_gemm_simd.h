@@ -35,6 +35,9 @@ typedef __mmask16 vm;
 NF_INLINE vf vzero() { return _mm512_setzero_ps(); }
 NF_INLINE vf vset1(float x) { return _mm512_set1_ps(x); }
 NF_INLINE vf vload(const float* p) { return _mm512_loadu_ps(p); }
+/* v stays in a register: the compiler may not fold its load into each instruction that uses it
+ * (gcc's znver3 tuning turns one load of A used by 4 FMAs into 4 memory operands) */
+NF_INLINE void vkeep(vf& v) { asm("" : "+v"(v)); }
 NF_INLINE void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 NF_INLINE vm vmask_range(int lo, int hi) {  // lanes lo <= l < hi
     uint32_t bits = ((hi >= 16 ? 0xFFFFu : ((1u << hi) - 1u)) & ~((1u << lo) - 1u));
@@ -129,6 +132,7 @@ typedef __m256i vm;
 NF_INLINE vf vzero() { return _mm256_setzero_ps(); }
 NF_INLINE vf vset1(float x) { return _mm256_set1_ps(x); }
 NF_INLINE vf vload(const float* p) { return _mm256_loadu_ps(p); }
+NF_INLINE void vkeep(vf& v) { asm("" : "+x"(v)); }  // (see the AVX-512 one)
 NF_INLINE void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 NF_INLINE vm vmask_range(int lo, int hi) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -220,6 +224,7 @@ typedef int32_t vi __attribute__((vector_size(16)));
 typedef int32_t vm __attribute__((vector_size(16)));
 NF_INLINE vf vzero() { return vf{0.f, 0.f, 0.f, 0.f}; }
 NF_INLINE vf vset1(float x) { return vf{x, x, x, x}; }
+NF_INLINE void vkeep(vf&) {}
 NF_INLINE vf vload(const float* p) { vf v; memcpy(&v, p, sizeof v); return v; }
 NF_INLINE void vstore(float* p, vf v) { memcpy(p, &v, sizeof v); }
 NF_INLINE vm vmask_range(int lo, int hi) {
