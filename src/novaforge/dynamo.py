@@ -126,13 +126,8 @@ def _is_static(inputs: Sequence[Any]) -> bool:
 def _signature(args: Sequence[Any]) -> tuple:
     """What a compiled program of this graph specializes on: tensor shapes, dtypes, devices,
     and the values of non-tensor arguments (SymInts at trace time, ints at run time)."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((tuple(a.shape), a.dtype, a.device.type, a.device.index))
-        else:
-            sig.append((type(a).__name__, a))
-    return tuple(sig)
+    # (torch.Size and torch.device hash and compare as the tuples they stand for: no copies made)
+    return tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
 
 
 def _describe_graph(gm: torch.fx.GraphModule) -> str:
@@ -262,7 +257,7 @@ class _AtenGraphProgram:
         key = _signature(args)
         runner = self.programs.get(key)
         if runner is None and self.shared is not False:
-            runner = self._shared_runner(args)
+            runner = self._shared_runner(args, key)
         if runner is None:
             if not self.tiering.should_build(key):
                 if key not in self.tiering.rent:
@@ -351,11 +346,10 @@ class _AtenGraphProgram:
         return self._build_or_fallback(static)
 
 
-    def _shared_runner(self, args: Sequence[Any]) -> _Runner | None:
+    def _shared_runner(self, args: Sequence[Any], key: tuple) -> _Runner | None:
         """The shared program (built for the graph's symbolic sizes, once) at the sizes of
-        `args`, or None: no shared program (it could not be built: logged once), or sizes its
-        symbol table does not admit. Runners of the last sizes made are kept."""
-        key = _signature(args)
+        `args` (signature `key`), or None: no shared program (it could not be built: logged
+        once), or sizes its symbol table does not admit. Runners of the last sizes made are kept."""
         runner = self.instances.get(key)  # (the oldest size made is dropped first)
         if runner is not None:
             return runner
