@@ -155,6 +155,7 @@ add([V(aten.index.Tensor, lambda m: (m.t(5, 6), [m.idx(5, 3)]), "first"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6), [m.idx(5, 3) - 5]), "negative"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6, 7), [m.idx(5, 3), m.idx(6, 3)]), "adjacent"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6, 7), [None, m.idx(6, 2, 1), m.idx(7, 3) - 7]), "adjacent-mid"),
+     V(aten.index.Tensor, lambda m: (m.t(5, 6, 7), [m.idx(5, 3, 1), m.idx(6, 4, dtype=i32) - 6]), "adjacent-bcast"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6, 7), [m.idx(5, 4), None, m.idx(7, 4)]), "separated"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6), [m.idx(5, 0)]), "empty"),
      V(aten.index.Tensor, lambda m: (m.t(5, 6), [m.idx(5, 3, dtype=i32)]), "i32")])

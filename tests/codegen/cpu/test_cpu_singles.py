@@ -32,6 +32,27 @@ def test_gather_out_of_range_raises():
         c(torch.tensor([-1, 2]))
 
 
+def test_index_on_adjacent_axes_is_one_gather():
+    """x[i, j] (index tensors on adjacent axes: the padding mask transformers builds for every
+    decode step) runs as one generated take over the merged axes (no torch step): broadcast index
+    shapes, negative and int32 indices, a boolean x; an index out of its own axis's range raises
+    even where the merged (flat) index would be in range."""
+    x = torch.randn(5, 7, 3)
+    i, j = torch.tensor([[0], [4], [-1]]), torch.tensor([1, -7, 6, 2], dtype=torch.int32)
+    check(lambda a, p, q: a[p, q] * 2, x, i, j)
+    check(lambda a, p, q: a[:, p, q], x.permute(2, 0, 1).contiguous(), i, j)
+    mask = torch.rand(2, 9) > 0.3
+    check(lambda m, b, k: m[b[:, None, None, None], k[None, None, None, :]], mask, torch.arange(2), torch.arange(9))
+    c = compile_cpu(lambda a, p, q: a[p, q], x, i, j)
+    assert all(st.kind != "torch" for st in program(c).steps)
+    for bad_i, bad_j in ((i, torch.tensor([1, 7, 0, 2])), (i, torch.tensor([1, -8, 0, 2])),
+                         (torch.tensor([[0], [5], [1]]), torch.tensor([0, 0, 0, 0]))):
+        with pytest.raises(IndexError):
+            x[bad_i, bad_j]
+        with pytest.raises(IndexError):
+            c(x, bad_i, bad_j)
+
+
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat(dim):
     a, b = torch.randn(3, 4, 5), torch.randn(3, 4, 5)

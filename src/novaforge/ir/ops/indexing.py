@@ -125,7 +125,40 @@ def _lower_index(ctx, x, indices):
         idx.append(wrap_index(ctx, iv, v.type.shape[ax]))
     if len(idx) == 1:
         return ctx.emit("take", [v, idx[0]], axis=axes[0])
+    flat = _flat_take(ctx, v, axes, idx)
+    if flat is not None:
+        return flat
     return ctx.emit("index", [v, *idx], axes=tuple(axes))
+
+
+def _flat_take(ctx, v, axes: list[int], idx: list):
+    """x[..., i0, i1, ...] on adjacent axes of static sizes as one `take` over those axes merged:
+    the flat index sum_j i_j * stride_j (i_j already wrapped), or the merged extent (out of range:
+    take raises, as eager does) where any i_j is outside [0, size_j). None where it does not apply
+    (axes not adjacent, a symbolic size, an extent past int64)."""
+    shape = v.type.shape
+    sizes = [shape[a] for a in axes]
+    if axes != list(range(axes[0], axes[0] + len(axes))) or not all(isinstance(n, int) for n in sizes):
+        return None
+    total = 1
+    for n in sizes:
+        total *= n
+    if total >= 2**62:
+        return None
+    dt, dev = torch.int64, idx[0].type.device
+    idx = [ctx.cast(i, dt) for i in idx]  # (an int32 index times a stride could overflow)
+    flat = valid = None
+    stride = total
+    for i, n in zip(idx, sizes, strict=True):
+        stride //= n
+        term = i if stride == 1 else ctx.emit("mul", [i, ctx.scalar(stride, dt, dev)])
+        flat = term if flat is None else ctx.emit("add", [flat, term])
+        ok = ctx.emit("logical_and", [ctx.emit("ge", [i, ctx.scalar(0, dt, dev)]),
+                                      ctx.emit("lt", [i, ctx.scalar(n, dt, dev)])])
+        valid = ok if valid is None else ctx.emit("logical_and", [valid, ok])
+    flat = ctx.emit("where", [valid, flat, ctx.scalar(total, dt, dev)])
+    merged = ctx.reshape(v, tuple(shape[:axes[0]]) + (total,) + tuple(shape[axes[-1] + 1:]))
+    return ctx.emit("take", [merged, flat], axis=axes[0])
 
 
 def _scatter_add_infer(ts, a):
