@@ -54,6 +54,8 @@ def async_steps(steps: Sequence[Any], output_slots: Sequence[int] = ()) -> set[i
     """Indices of the collective steps that may run asynchronously: every reader of their outputs is
     a wait step (and none is an output of the program)."""
     targets = [step_collective(st) for st in steps]
+    if all(t is None for t in targets):  # (no collective: every program of one process)
+        return set()
     waits = [plain_wait(st) for st in steps]
     readers: dict[int, list[int]] = {}
     for i, st in enumerate(steps):

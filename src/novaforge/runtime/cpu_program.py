@@ -234,6 +234,7 @@ class SymbolicLayout:
     _per_size: list[int] | None = None
     _shapes: list | None = None
     _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
+    _plan_sizes: tuple | None = None  # (symbolic buffers, their sizes' evaluator): `bucket_for`
 
     def per_size_slots(self, slots: list[SlotSpec]) -> list[int]:
         """The slots an instance gets its own copy of: a symbolic type, an arena or scratch
@@ -267,8 +268,13 @@ class SymbolicLayout:
                 b = self.buckets[key] = _Bucket(self.plan.at(top))
             if len(self.buckets) > 64:  # (a long-running server: forget the oldest)
                 self.buckets.pop(next(iter(self.buckets)))
-        sizes = b.plan.sizes
-        if any(substitute(n, values) > sizes[v] for v, n in self.plan.sizes.items()):
+        if self._plan_sizes is None:  # (the buffers' sizes as one compiled function of the symbols)
+            keys = [v for v, n in self.plan.sizes.items() if is_symbolic(n)]
+            self._plan_sizes = (keys, shape_evaluator(tuple(self.plan.sizes[v] for v in keys)) if keys
+                                else lambda values: ())
+        keys, sizes_at = self._plan_sizes
+        top = b.plan.sizes
+        if any(n > top[v] for v, n in zip(keys, sizes_at(values), strict=True)):
             return _Bucket(self.plan.at(values))  # a buffer that shrinks as the sizes grow: its own plan
         return b
 
