@@ -8,8 +8,9 @@ torchao (the `quant` extra, pinned) does the quantization; this is a thin front:
   decode path, bound by weight bytes.
 * "int8-dynamic": `Int8DynamicActivationInt8WeightConfig` — int8 weights as above, and each row of
   the activations quantized at run time; the product is `aten._int_mm` (int8 x int8 -> int32),
-  which novaforge computes exactly on nf_gemm's int8 x int8 kernel (AVX2 `vpmaddwd`; 1.6-1.7x the
-  float32 GEMM's rate on a Zen 3; docs/cpu-gemm.md "int8 x int8").
+  which novaforge computes exactly on nf_gemm's int8 x int8 kernel (AVX512-VNNI `vpdpwssd` where
+  the CPU has it, else AVX2 `vpmaddwd`: 1.6-1.7x the float32 GEMM's rate on a Zen 3; docs/cpu-gemm.md
+  "int8 x int8").
 
 transformers' `Conv1D` (GPT-2's attention and MLP projections: y = x @ W + b, W [in, out]) is not
 an nn.Linear, so torchao would skip it; it is replaced by the equivalent nn.Linear first (same

@@ -1,7 +1,8 @@
 """nf_gemm_s8s8: int8 A times int8 B summed exactly in int32 (dynamic int8 quantization, `aten._int_mm`),
 against int64 torch, bit for bit.
 
-Covers both paths (the AVX2 vpmaddwd micro-kernel where the build has it, and the portable tile, forced),
+Covers every path this CPU runs (VNNI vpdpwssd where it has AVX512-VNNI, the AVX2 vpmaddwd micro-kernel
+where the build has it, and the portable tile, each forced; a path the CPU lacks is skipped with the reason),
 B packed once (`pack_b_s8`) and read through any strides (a Linear weight W^T, row-major, strided), A
 strided, odd K, K = 0, row tails of the 6-row tile, column tails of the 16-column panel, 1 and 2 threads,
 the extremes (every product -128 x -128 over K = 4096), the int32 result, and the float result with the
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from novaforge.codegen.cpu.gemm import ops
+from novaforge.codegen.cpu.gemm.build import S8_PATHS
 
-PATHS = ["portable"] + (["avx2"] if ops.lib().nf_gemm_s8_path() == 1 else [])
+HERE = ops.lib().nf_gemm_s8_path()  # (the CPU's best: nothing is forced at import)
+PATHS = [pytest.param(name, marks=pytest.mark.skipif(code > HERE, reason=f"this CPU or build has no {name} int8 kernel"))
+         for code, name in S8_PATHS.items()]
 
 
 def _ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 import novaforge
 from novaforge.codegen.cpu import gemm
+from novaforge.codegen.cpu.gemm.build import S8_PATHS
 
 
 class Dequant(torch.nn.Module):
@@ -237,10 +238,10 @@ INT_MM_FORMS = {  # (a, b, s) -> ...; how the product runs
 
 
 @pytest.mark.parametrize("form", list(INT_MM_FORMS))
-@pytest.mark.parametrize("path", ["avx2", "portable"])
+@pytest.mark.parametrize("path", ["vnni", "avx2", "portable"])
 def test_int_mm_forms_on_both_entries(form, path):
-    if path == "avx2" and gemm.s8_path() != "avx2":
-        pytest.skip("this build of nf_gemm has no AVX2 int8 kernel")
+    if list(S8_PATHS.values()).index(path) > list(S8_PATHS.values()).index(gemm.s8_path()):
+        pytest.skip(f"this CPU or build of nf_gemm has no {path} int8 kernel")
     fn = INT_MM_FORMS[form]
     g = torch.Generator().manual_seed(5)
     a = torch.randint(-128, 128, (21, 200), dtype=torch.int8, generator=g)

@@ -305,7 +305,7 @@ class Epilogue(ctypes.Structure):
 ACTS = {"none": 0, "relu": 1, "gelu": 2, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4}
 ISAS = {0: "generic", 1: "avx2", 2: "avx512"}
 BF16_PATHS = {0: "convert", 1: "avx512_bf16", 2: "amx"}  # enum nf_bf16_path
-S8_PATHS = {0: "portable", 1: "avx2"}  # enum nf_s8_path
+S8_PATHS = {0: "portable", 1: "avx2", 2: "vnni"}  # enum nf_s8_path
 
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _EP = ctypes.POINTER(Epilogue)

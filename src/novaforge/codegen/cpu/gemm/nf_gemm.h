@@ -131,11 +131,12 @@ void nf_gemm_i8_counts(long* counts);
  * nf_gemm_pack_b_s8 (int8 k-pair panels of 16 columns: the weight's bytes once more). c_int32 = 1: C is int32
  * (row stride ldc) and gets acc (no epilogue, no accumulate); else C is float32 and gets
  * act(float(acc) [+ C_old] + bias) + residual, then tile_fn, as the float entries (C == NULL with a tile_fn:
- * per-thread blocks). AVX2 (vpmaddwd on sign-extended k pairs) where the build has it, else a portable tile. */
-enum nf_s8_path { NF_S8_PORTABLE = 0, NF_S8_AVX2 = 1 };
+ * per-thread blocks). VNNI (vpdpwssd) where the CPU has AVX512-VNNI, else AVX2 (vpmaddwd on sign-extended k
+ * pairs) where the build has it, else a portable tile. */
+enum nf_s8_path { NF_S8_PORTABLE = 0, NF_S8_AVX2 = 1, NF_S8_VNNI = 2 };
 int nf_gemm_s8_path(void);
-void nf_gemm_set_s8_path(int path); /* tests: force the portable path (0); -1: the build's best */
-void nf_gemm_s8_counts(long* counts); /* calls per path since load (2 longs) */
+void nf_gemm_set_s8_path(int path); /* tests: force a path no better than the CPU's; -1: the CPU's best */
+void nf_gemm_s8_counts(long* counts); /* calls per path since load (3 longs) */
 long nf_gemm_s8_packed_size(long K, long N); /* in bytes */
 void nf_gemm_pack_b_s8(long K, long N, const int8_t* B, long stride_k, long stride_n, int8_t* packed);
 void nf_gemm_s8s8(long M, long N, long K, const int8_t* A, long rs_a, long cs_a, const int8_t* B, long rs_b, long cs_b,

@@ -65,20 +65,21 @@ def i8_counts() -> dict[str, int]:
 
 
 def s8_path() -> str:
-    """The path int8 x int8 products (`nf_gemm_s8s8`) take now: 'avx2' or 'portable'."""
+    """The path int8 x int8 products (`nf_gemm_s8s8`) take now: 'vnni', 'avx2' or 'portable'."""
     return S8_PATHS[lib().nf_gemm_s8_path()]
 
 
 def s8_counts() -> dict[str, int]:
     """int8 x int8 calls per path since the library was loaded."""
-    arr = (ctypes.c_long * 2)()
+    arr = (ctypes.c_long * len(S8_PATHS))()
     lib().nf_gemm_s8_counts(arr)
     return {name: int(arr[i]) for i, name in S8_PATHS.items()}
 
 
 @contextlib.contextmanager
 def forced_s8_path(name: str) -> Iterator[None]:
-    """Run int8 x int8 products on `name` ('portable', or the build's best) inside the block; process-wide."""
+    """Run int8 x int8 products on `name` ('portable', 'avx2', 'vnni': or the best below it the CPU has)
+    inside the block; process-wide, for tests and benchmarks."""
     code = {v: k for k, v in S8_PATHS.items()}[name]
     library = lib()
     library.nf_gemm_set_s8_path(code)
