@@ -15,7 +15,7 @@ from novaforge.codegen.cpu.gemm import ops
 from novaforge.codegen.cpu.gemm.build import S8_PATHS
 
 HERE = ops.lib().nf_gemm_s8_path()  # (the CPU's best: nothing is forced at import)
-PATHS = [pytest.param(name, marks=pytest.mark.skipif(code > HERE, reason=f"this CPU or build has no {name} int8 kernel"))
+PATHS = [pytest.param(name, marks=pytest.mark.skipif(code > HERE, reason=f"no {name} int8 kernel on this CPU or build"))
          for code, name in S8_PATHS.items()]
 
 
