@@ -231,24 +231,17 @@ class SymbolicLayout:
     symbols: list[Any]  # the graph's size symbols (sympy), s0, s1, ... in index order
     buckets: dict[tuple, _Bucket] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _per_size: list[int] | None = None
     _shapes: list | None = None
     _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
     _plan_sizes: tuple | None = None  # (symbolic buffers, their sizes' evaluator): `bucket_for`
 
-    def per_size_slots(self, slots: list[SlotSpec]) -> list[int]:
-        """The slots an instance gets its own copy of: a symbolic type, an arena or scratch
-        offset, or a value of the sizes."""
-        if self._per_size is None:
-            self._per_size = [s for s, spec in enumerate(slots)
-                              if spec.kind in ("arena", "scratch", "sized") or is_symbolic(spec.type)]
-        return self._per_size
-
-    def slot_shapes(self, slots: list[SlotSpec]) -> list[tuple[int, Callable[[Mapping[Any, int]], tuple] | None]]:
-        """(slot, its shape's compiled evaluator, or None for a static type) per per-size slot."""
+    def varying_slots(self, slots: list[SlotSpec]) -> list[tuple[int, Callable[[Mapping[Any, int]], tuple] | None]]:
+        """(slot, its shape's compiled evaluator, or None for a static type) per slot whose type or
+        value differs between two sizes of one bucket: a symbolic type, or a sized slot. (Arena and
+        scratch slots of static type differ between buckets only: `_Bucket.slots`.)"""
         if self._shapes is None:
-            self._shapes = [(s, shape_evaluator(slots[s].type.shape) if is_symbolic(slots[s].type) else None)
-                            for s in self.per_size_slots(slots)]
+            self._shapes = [(s, shape_evaluator(spec.type.shape) if is_symbolic(spec.type) else None)
+                            for s, spec in enumerate(slots) if spec.kind == "sized" or is_symbolic(spec.type)]
         return self._shapes
 
     def evaluate(self, slot: int, recipe: Graph, values: Mapping[Any, int]) -> torch.Tensor:
@@ -283,6 +276,7 @@ class SymbolicLayout:
 class _Bucket:
     plan: Any  # the memory plan placed at the bucket's top sizes
     arena: torch.Tensor | None = None  # allocated by the first call of a size in the bucket
+    slots: list | None = None  # the program's slots placed by `plan` (`CpuProgram._placed_slots`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -351,22 +345,21 @@ class CpuProgram:
         if sym is None:
             raise ValueError("at(): this program was built for static sizes")
         bucket = sym.bucket_for(values)
-        plan = bucket.plan
-        slots = list(self.slots)  # slots of static type and place are shared; the others copied
-        for s, shape_at in sym.slot_shapes(self.slots):
-            spec = slots[s] = _copy_slot(self.slots[s])
+        if bucket.slots is None:  # (slots placed in the bucket's arena: shared by its sizes)
+            bucket.slots = self._placed_slots(bucket.plan)
+        base = bucket.slots
+        slots = list(base)  # slots of static type are shared; those whose type or value varies, copied
+        for s, shape_at in sym.varying_slots(self.slots):
+            spec = slots[s] = _copy_slot(base[s])
             if shape_at is not None:
                 spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
             if spec.kind == "sized":
                 spec.tensor = sym.evaluate(s, spec.recipe, values)
                 if spec.causal and _is_causal_triangle(spec.tensor):
                     spec.tensor = None  # the flash kernels read a null mask as causal
-        for s, v in sym.arena_values.items():
-            slots[s].index = plan.offsets[v]
-        arena = (plan.arena_bytes + 63) // 64 * 64
+        arena = (bucket.plan.arena_bytes + 63) // 64 * 64
         scratch = 0
         for s in sym.scratch:
-            slots[s].index = arena
             scratch = max(scratch, (slots[s].type.nbytes + 63) // 64 * 64)
         steps = [st if st.kind == "seg" else _step_at(st, values) for st in self.steps]
         outputs = [o if not o.views else dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views))
@@ -380,6 +373,20 @@ class CpuProgram:
             if hasattr(self, attr):
                 setattr(prog, attr, getattr(self, attr))
         return prog
+
+    def _placed_slots(self, plan: Any) -> list[SlotSpec]:
+        """This symbolic program's slots with the arena offsets of `plan` (a bucket's placement):
+        arena slots at their planned offsets, scratch slots at the arena's end."""
+        sym = self.symbolic
+        slots = list(self.slots)
+        for s, v in sym.arena_values.items():
+            slots[s] = _copy_slot(self.slots[s])
+            slots[s].index = plan.offsets[v]
+        arena = (plan.arena_bytes + 63) // 64 * 64
+        for s in sym.scratch:
+            slots[s] = _copy_slot(self.slots[s])
+            slots[s].index = arena
+        return slots
 
     def _materialize(self, arena: torch.Tensor | None = None) -> None:
         """Allocate the arena (or use `arena`: the shared one, or a private one for a nested

@@ -134,3 +134,24 @@ def test_positions_taken_from_an_arange_of_the_size_are_generated():
         assert c.compilations == 1 and c.stats().program.info["torch"] == 0, c.stats().program.info["fallbacks"]
         with pytest.raises(IndexError):  # position 64 is past the table's 64 rows: eager raises too
             c(_rand(2, 65, 8))
+
+
+def test_sizes_of_one_bucket_share_its_placement_and_a_shrinking_buffer_gets_its_own():
+    """Sizes 17..20 fall in one bucket (top 20): they share its placed slots (`_Bucket.slots`); the
+    buffers of 200 - n rows are larger below the top, so 17..19 get placements of their own (a fresh
+    bucket each). Every size matches eager, in any order."""
+    torch.manual_seed(0)
+    z, w = _rand(200, 32), _rand(32, 48)
+    fn = lambda x, z: (z[: 200 - x.shape[0]].exp() @ w).sum(0) + (x @ w).sum(0)  # noqa: E731
+    c = novaforge.compile(fn, backend="cpu", dynamic={0: {0: (2, 190)}}, tiered=False)
+    sym = None
+    with torch.no_grad():
+        for n in (20, 19, 18, 17, 20, 5, 17, 64, 60):
+            x = _rand(n, 32)
+            torch.testing.assert_close(c(x, z), fn(x, z), atol=1e-3, rtol=1e-5)
+            sym = c.stats().program.symbolic
+            top = sym.buckets[(bucket_size(n),)]
+            assert (sym.bucket_for({sym.symbols[0]: n}) is top) == (n == bucket_size(n)), n
+            if n == bucket_size(n):  # (the bucket's own sizes ran on its placed slots)
+                assert top.slots is not None and len(top.slots) == len(c.stats().program.slots)
+    assert c.compilations == 1 and sym is not None
