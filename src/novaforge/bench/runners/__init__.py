@@ -66,8 +66,6 @@ _ALL = frozenset({"cpu", "cuda"})
 _CPU = frozenset({"cpu"})
 _BOTH_DT = frozenset({"float32", "bfloat16"})
 _WITH_INT8 = _BOTH_DT | INT8_MODES  # int8: the torchao-quantized model, run by this runner
-_NO_TORCHAO_DYNAMO = ("not measured with int8: torch.compile(backend='novaforge') on torchao's tensor subclasses "
-                      "is not covered; the novaforge runner compiles the same quantized model")
 _ORT_NO_INT8_WEIGHT = ("ONNX Runtime has no per-channel int8 weight-only path here: MatMulNBits (8-bit, "
                        "block-wise) rewrites MatMul nodes only, not the Gemm nodes the exporter emits for the "
                        "GPT-2/BERT linears, and channel-wise needs the QDQ format; int8-dynamic is measured")
@@ -99,9 +97,8 @@ RUNNERS: dict[str, RunnerSpec] = {s.name: s for s in [
                frozenset({"generate"}), _ALL, _BOTH_DT, _ALL,
                "generate with model.forward = torch.compile(model.forward) and a static KV cache"),
     RunnerSpec("torch-compile-novaforge", "torch_runners", "TorchCompileNovaforgeRunner", ("torch",),
-               frozenset({"inference", "generate"}), _ALL, _BOTH_DT, frozenset(),
-               "torch.compile(backend='novaforge'); generate: model.forward compiled, the default DynamicCache",
-               dtype_notes=tuple((m, _NO_TORCHAO_DYNAMO) for m in sorted(INT8_MODES))),
+               frozenset({"inference", "generate"}), _ALL, _WITH_INT8, frozenset(),
+               "torch.compile(backend='novaforge'); generate: model.forward compiled, the default DynamicCache"),
     RunnerSpec("torch-compile-freeze", "torch_runners", "TorchCompileFreezeRunner", ("torch",),
                frozenset({"inference"}), _ALL, _WITH_INT8, _ALL,
                "torch.compile with inductor freezing, inside torch.inference_mode()"),
