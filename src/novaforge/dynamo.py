@@ -32,7 +32,7 @@ What the compiler sees and how it is handled:
 * Outputs that are not tensors computed by the graph (constants, SymInts that become Python
   numbers after specialization) are re-inserted at run time; an opaque input returned as it came
   (a tensor-parallel forward saves its DTensor's mesh / process-group object for the backward)
-  is the call's own argument (`_InputPassthrough`). Functional collectives (`_c10d_functional`,
+  is the call's own argument (`InputPassthrough`). Functional collectives (`_c10d_functional`,
   from DTensor or FSDP2) are extern calls into torch, completed as they are called
   (ir/extern.py; novaforge/distributed.py).
 * Anything novaforge cannot compile (an unsupported op or dtype, a data-dependent shape, a
@@ -58,6 +58,14 @@ import torch
 import torch.fx
 
 from . import logs
+from .frontend.dynamo_io import (
+    InputPassthrough,
+    constant_output,
+    is_opaque_input,
+    is_tensor_node,
+    sized_arguments,
+    symbolic_output,
+)
 from .frontend.static_parts import time_in_parts
 from .gc_pause import paused_gc
 from .ir.symbolic import Sym, SymbolicDecision
@@ -213,13 +221,13 @@ class _AtenGraphProgram:
         specs = [InputSpec("user" if isinstance(n.meta.get("val"), torch.Tensor) else "skip", n.name)
                  for n in placeholders]
         out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        tensor_outs = [a for a in out_args if _is_tensor_node(a)]
+        tensor_outs = [a for a in out_args if is_tensor_node(a)]
         conv = SymbolConverter() if symbolic else None
         position = {n: i for i, n in enumerate(placeholders)}
         with conv if conv is not None else contextlib.nullcontext(), random_mode(self.options.random):
-            constants = {i: (_InputPassthrough(position[a]) if _is_opaque_input(a)
-                             else _symbolic_output(a, conv) if conv is not None else _constant_output(a))
-                         for i, a in enumerate(out_args) if not _is_tensor_node(a)}
+            constants = {i: (InputPassthrough(position[a]) if is_opaque_input(a)
+                             else symbolic_output(a, conv) if conv is not None else constant_output(a))
+                         for i, a in enumerate(out_args) if not is_tensor_node(a)}
             graph, ctx = lower_fx(gm, specs, output_nodes=tensor_outs)
         aten = sum(1 for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
         graph.meta["aten_ops"] = aten
@@ -442,7 +450,7 @@ class _AtenGraphProgram:
 
         graph, _, specs, _, constants, table, sizes = self.symbolic
         if self._sized_args is None:
-            self._sized_args = _sized_arguments(graph, specs, sizes)
+            self._sized_args = sized_arguments(graph, specs, sizes)
         pattern = []
         for i, rank, dims in self._sized_args:
             a = args[i]
@@ -473,72 +481,6 @@ class _AtenGraphProgram:
         values, consts = bound
         graph, ctx, specs, out_args, _, _, sizes = self.symbolic
         return specialize(graph, values), ctx, specs, out_args, consts, None, sizes
-
-
-def _sized_arguments(graph: Any, specs: Sequence[Any], sizes: Sequence[Any]) -> list[tuple[int, int | None, Any]]:
-    """The call arguments that carry the symbolic lowering's sizes: (position, rank, [(axis, dim)])
-    per tensor with a symbolic dim, (position, None, dim) per size argument. The other axes are
-    static, and Dynamo's guards hold them equal to the traced sizes on every call that reaches
-    this graph, so a call's symbol values are read from these alone (GPT-2's decode step takes
-    273 tensors, 24 of them sized: 0.9 ms a call when every dim was matched)."""
-    out: list[tuple[int, int | None, Any]] = []
-    it = iter(graph.user_inputs)
-    for i, (spec, size) in enumerate(zip(specs, sizes, strict=True)):
-        if spec.kind == "user":
-            shape = next(it).value.type.shape
-            dims = [(k, d) for k, d in enumerate(shape) if isinstance(d, Sym)]
-            if dims:
-                out.append((i, len(shape), dims))
-        elif size is not None:
-            out.append((i, None, size))
-    return out
-
-
-def _symbolic_output(a: Any, conv: Any) -> Any:
-    """A non-tensor graph output of a symbolic graph: a constant, or an IR dim."""
-    if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.SymInt):
-        d = conv.dim(a.meta["val"])
-        if d is not None:
-            return d
-    return _constant_output(a)
-
-
-def _is_tensor_node(a: Any) -> bool:
-    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
-
-
-@dataclass(frozen=True)
-class _InputPassthrough:
-    """A graph output that is one of the graph's own non-tensor inputs, returned as it came: an
-    opaque object such as a DTensor's mesh or process group (a tensor-parallel forward saves it
-    for its backward). It is the call's argument at `index`, not a constant."""
-
-    index: int
-
-
-def _is_opaque_input(a: Any) -> bool:
-    """A placeholder whose value is an opaque (script) object rather than a tensor or number."""
-    if not (isinstance(a, torch.fx.Node) and a.op == "placeholder"):
-        return False
-    val = a.meta.get("val")
-    return not isinstance(val, torch.Tensor | torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool)
-
-
-def _constant_output(a: Any) -> Any:
-    """A graph output that is not a tensor: a constant, or a node whose value is a Python number
-    after specialization (a SymInt the static trace made concrete)."""
-    if isinstance(a, torch.fx.Node):
-        val = a.meta.get("val")
-        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-            from torch.fx.experimental.symbolic_shapes import guard_scalar
-
-            return guard_scalar(val)
-        if isinstance(val, int | float | bool):
-            return val
-        from .frontend.lower import UnsupportedError
-
-        raise UnsupportedError(f"graph output {a.name} is not a tensor ({type(val).__name__})")
-    return a
 
 
 class _Runner:
@@ -574,7 +516,7 @@ class _Runner:
         if not self.constants:
             return outs
         it = iter(outs)
-        return [(args[c.index] if isinstance(c := self.constants[i], _InputPassthrough) else c)
+        return [(args[c.index] if isinstance(c := self.constants[i], InputPassthrough) else c)
                 if i in self.constants else next(it) for i in range(self.n_out)]
 
 
