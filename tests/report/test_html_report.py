@@ -89,6 +89,8 @@ def test_page_holds_every_section(reports, name):
     assert "memory timeline" in html and "compile time" in html and "measured time per kernel" in html
     assert "eager measured peak" in html
     assert '<p id="no-training">no training program</p>' in html
+    if stats.backend == "cpu":  # the path each precision's products take on this CPU
+        assert re.search(r'<p class="note" id="matrix-paths">Matrix products: \d+ x float32: \w+ FMA', html)
     assert re.search(r"kernels [\d.]+ ms \+ runtime overhead [\d.]+ ms .* wall [\d.]+ ms over the same 3 calls",
                      html)
 

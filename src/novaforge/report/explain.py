@@ -147,6 +147,7 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
             lines.append(f"{c:>4} x {target}: {reason}")
     lines.append("")
     lines += user_kernel_lines(stats.graph)
+    lines += matrix_path_lines(stats)
     plan = stats.graph.meta.memory_plan
     lines.append("-- memory plan --")
     lines.append(plan.summary() if plan is not None else "none")
@@ -157,6 +158,43 @@ def format_report(stats: Any, m: dict[str, Any], max_kernels: int = 40) -> str:
                  f"({', '.join(f'{k} {v}' for k, v in m['kernels_by_kind'].items())}); "
                  f"device transitions {m['transitions']}")
     return "\n".join(lines)
+
+
+def matrix_precisions(graph: Any) -> dict[str, int]:
+    """The program's matrix products per operand precision: "float32", "bf16", "int8 weight"
+    (float A times an int8 weight, converted in registers) and "int8 x int8" (exact int32 sums)."""
+    import torch
+
+    counts: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op != "kernel":
+            continue
+        for bn in n.attrs["kernel"].body.nodes:
+            if bn.op != "matmul":
+                continue
+            a, b = (v.type.dtype for v in bn.inputs[:2])
+            kind = ("int8 x int8" if a == b == torch.int8 else "int8 weight" if b == torch.int8
+                    else "bf16" if torch.bfloat16 in (a, b) else "float32")
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def matrix_path_lines(stats: Any) -> list[str]:
+    """Which nf_gemm path this CPU runs for each precision of the program's products (the CPU
+    backend; chosen at run time from the instructions the CPU has, docs/cpu-gemm.md)."""
+    if stats.backend != "cpu":
+        return []
+    counts = matrix_precisions(stats.graph)
+    if not counts:
+        return []
+    from ..codegen.cpu import gemm
+
+    paths = {"float32": f"{gemm.isa()} FMA micro-kernels",
+             "bf16": f"{gemm.bf16_path()} (of amx, avx512_bf16, convert)",
+             "int8 weight": "int8 weight converted to float32 in registers (GEMV) or while packing",
+             "int8 x int8": f"{gemm.s8_path()} (of vnni, avx2, portable), exact int32 sums"}
+    return ["-- matrix products: precision and nf_gemm path on this CPU --"] + [
+        f"{c:>4} x {kind}: {paths[kind]}" for kind, c in counts.items()] + [""]
 
 
 def user_kernel_lines(graph: Any) -> list[str]:

@@ -35,6 +35,7 @@ import torch.utils._pytree as pytree
 
 from . import page
 from .eager import eager_ms, eager_peak_bytes
+from .explain import matrix_path_lines
 from .graphview import kernel_graph_svg, legend_html
 from .metrics import kernel_rows, metrics
 from .plots import compile_time_svg, kernel_time_svg, memory_timeline, memory_timeline_svg
@@ -128,6 +129,9 @@ def _summary(d: dict[str, Any], title: str) -> str:
     body += (f'<p class="note">{escape(title)}; backend {escape(st.backend)}; '
              f"{escape(str(info.get('target', platform.processor() or platform.machine())))}; "
              f"torch {escape(torch.__version__)}, {torch.get_num_threads()} threads.</p>")
+    paths = matrix_path_lines(st)[1:-1]  # (the CPU backend: each precision's nf_gemm path)
+    if paths:
+        body += f'<p class="note" id="matrix-paths">Matrix products: {escape("; ".join(p.strip() for p in paths))}.</p>'
     return page.section("summary", "Summary", body)
 
 

@@ -259,3 +259,24 @@ def test_int_mm_forms_on_both_entries(form, path):
             for x, y in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,),
                             strict=True):
                 assert x.dtype == y.dtype and torch.equal(x, y), (name, form)
+
+
+def _matrix_section(report: str) -> str:
+    return report.split("-- matrix products: precision and nf_gemm path on this CPU --\n", 1)[1].split("\n\n", 1)[0]
+
+
+def test_report_names_the_path_each_precision_ran():
+    """novaforge.explain lists the program's products per precision with the nf_gemm path this CPU
+    (or a forced one) runs them on."""
+    x = torch.randn(4, 64)
+    dynamic = _matrix_section(str(novaforge.explain(_quantized("Int8DynamicActivationInt8WeightConfig"), x)))
+    assert dynamic.strip() == f"2 x int8 x int8: {gemm.s8_path()} (of vnni, avx2, portable), exact int32 sums"
+    with gemm.forced_s8_path("portable"):
+        forced = str(novaforge.explain(_quantized("Int8DynamicActivationInt8WeightConfig"), x))
+    assert "int8 x int8: portable (of" in _matrix_section(forced)
+    weight = _matrix_section(str(novaforge.explain(_quantized("Int8WeightOnlyConfig"), x)))
+    assert weight.strip().startswith("2 x int8 weight: int8 weight converted to float32 in registers"), weight
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 16)).eval()
+    assert _matrix_section(str(novaforge.explain(plain, x))).strip() == f"1 x float32: {gemm.isa()} FMA micro-kernels"
+    bf16 = _matrix_section(str(novaforge.explain(plain.to(torch.bfloat16), x.bfloat16())))
+    assert bf16.strip() == f"1 x bf16: {gemm.bf16_path()} (of amx, avx512_bf16, convert)"
