@@ -169,6 +169,8 @@ def test_worker_measures_generation_in_process(tmp_path):
     assert row["tokens_equal"] and row["new_tokens"] == 6
     assert len(row["times_ms"]) == len(row["ttft_ms"]) == 2 and row["programs_after"] == 2
     assert row["weight_bytes"] > 0 and row["read_bw_bytes_s"] > 1e8
+    lo, hi = row["read_bw_range"]  # (one sample per timed generate; the roof is their median)
+    assert lo <= row["read_bw_bytes_s"] <= hi
     # the aggregate's arithmetic on fixed times (a 6-token generate of ~1 ms: measured times are noise)
     fixed = {**row, "times_ms": [10.0, 12.0], "ttft_ms": [2.0, 2.0]}
     s = harness.aggregate([{"status": "ok", "runner": "novaforge", "case": row["case"], "spec": spec,
@@ -176,6 +178,7 @@ def test_worker_measures_generation_in_process(tmp_path):
     assert s["median_ms"] == 11.0 and s["ttft_ms"] == 2.0
     assert s["decode_tokens_per_s"] == pytest.approx(5 / 9e-3) and s["tokens_equal"] and s["programs"] == 2
     assert s["roof_fraction"] == pytest.approx(s["decode_tokens_per_s"] / s["roof_tokens_per_s"])
+    assert s["read_bw_range_gb_s"] == pytest.approx([lo / 1e9, hi / 1e9])
 
 
 def test_worker_generates_with_a_dynamic_cache_on_two_programs(tmp_path):

@@ -319,6 +319,9 @@ def _summarize(case: Case, row_case: str, runner: str, got: list[tuple[dict, dic
         s["weight_bytes"] = first["weight_bytes"]
         bw = median([r["read_bw_bytes_s"] for _, r in got])
         s["read_bw_gb_s"] = bw / 1e9
+        ranges = [r["read_bw_range"] for _, r in got if r.get("read_bw_range")]
+        if ranges:
+            s["read_bw_range_gb_s"] = [min(a for a, _ in ranges) / 1e9, max(b for _, b in ranges) / 1e9]
         s["roof_tokens_per_s"] = bw / first["weight_bytes"]
         if s["decode_tokens_per_s"]:
             s["roof_fraction"] = s["decode_tokens_per_s"] / s["roof_tokens_per_s"]

@@ -152,9 +152,15 @@ def generate_table(rows: list[dict[str, Any]]) -> list[str]:
                      fmt_num(r.get("ttft_ms")), f"{fmt_num(r['median_ms'])} ({r.get('new_tokens')})", _procs(r),
                      _setup(r), fmt_num(r["peak_mem_mb"], 4), _tokens_cell(r),
                      f"{fmt_num(r.get('roof_tokens_per_s'))} ({fmt_num(r.get('weight_bytes', 0) / 1e6)} MB / "
-                     f"{fmt_num(r.get('read_bw_gb_s'))} GB/s)",
+                     f"{fmt_num(r.get('read_bw_gb_s'))} GB/s{_bw_range(r)})",
                      "–" if r.get("roof_fraction") is None else f"{100 * r['roof_fraction']:.0f}%", note])
     return _table(header, body)
+
+
+def _bw_range(r: dict[str, Any]) -> str:
+    """The spread of the read-bandwidth samples the roof is the median of (one per timed generate)."""
+    lo_hi = r.get("read_bw_range_gb_s")
+    return "" if not lo_hi else f", {fmt_num(lo_hi[0])}-{fmt_num(lo_hi[1])}"
 
 
 def matmul_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -208,19 +209,30 @@ def run_matmul(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_bandwidth() -> float:
-    """Bytes/s that a streaming read (a sum over 256 MiB, all threads) reaches here: the roof
-    of decoding, which reads every weight once per token."""
-    import torch
+class _ReadProbe:
+    """Bytes/s that a streaming read (a sum over 256 MiB, all threads) reaches here: the roof of
+    decoding, which reads every weight once per token. This VM's bandwidth moves by a third from one
+    process or minute to the next, so the probe runs beside every timed generate (best of 3 each)
+    and the roof is the median of those samples."""
 
-    x = torch.ones(64 * 2**20)
-    x.sum()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
+    def __init__(self) -> None:
+        import torch
+
+        self.x = torch.ones(64 * 2**20)
+        self.x.sum()
+        self.samples: list[float] = []
+
+    def sample(self, repeats: int = 3) -> None:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.x.sum()
+            best = min(best, time.perf_counter() - t0)
+        self.samples.append(self.x.numel() * 4 / best)
+
+    def summary(self) -> dict[str, Any]:
+        return {"read_bw_bytes_s": statistics.median(self.samples),
+                "read_bw_range": [min(self.samples), max(self.samples)]}
 
 
 def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
@@ -257,8 +269,9 @@ def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
         "case": case_label(spec["workload"], spec["batch"], spec["seq"]),
         "prepare_s": prepare_s, "setup_s": setup_s, "setup_info": prepared.info,
         "tokens_equal": bool(got.shape == want.shape and torch.equal(got, want)),
-        "new_tokens": new, "weight_bytes": decode_weight_bytes(model), "read_bw_bytes_s": _read_bandwidth(),
+        "new_tokens": new, "weight_bytes": decode_weight_bytes(model),
     })
+    probe = _ReadProbe()
     if want32 is not None and got.shape == want32.shape:  # (greedy: tokens after a first difference follow it)
         row["tokens_agree_fp32"] = (got[:, ids.shape[1]:] == want32[:, ids.shape[1]:]).float().mean().item()
     if prepared.after_first is not None:
@@ -273,10 +286,14 @@ def run_generate(spec: dict[str, Any], runner, ctx) -> list[dict[str, Any]]:
             prepared.call(n)
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
+        probe.sample()
         if time.perf_counter() > t_end and i >= 1:
             break
+    if not probe.samples:  # (no timed run)
+        probe.sample(5)
+    del probe.x
     row.update(times_ms=full, ttft_ms=first, capped=len(full) < spec["runs"], energy_j_per_call=None,
-               memory=_memory(spec, base_rss, prepared))
+               memory=_memory(spec, base_rss, prepared), **probe.summary())
     if "programs" in row:
         row["programs_after"] = prepared.after_first()["programs"] if prepared.after_first else None
     return [row]
