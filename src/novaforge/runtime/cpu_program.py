@@ -41,10 +41,7 @@ import torch
 
 from ..ir import OPS, Graph, Node
 from ..ir.extern import call_extern
-from ..ir.graph import Attrs
 from ..ir.ops.matmul import exact_int_matmul
-from ..ir.specialize import python_scalar, specialize
-from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
 from ..ir.types import TensorType
 from ..ir.views import Strided
 from . import collectives
@@ -52,6 +49,7 @@ from .inplace_step import make_runner as make_inplace_runner
 from .interpret import prepare, storage_relative
 from .shared_arena import SharedArena
 from .state import storage_ptr
+from .symbolic_layout import Bucket, SymbolicLayout, copy_slot, is_causal_triangle, node_at, step_at
 
 
 class KernelIndexError(IndexError, RuntimeError):
@@ -151,145 +149,12 @@ class OutputSpec:
         self.kind = OutputKind(self.kind)
 
 
-def _compile_recipe(recipe: Graph) -> Callable[[Mapping[Any, int]], torch.Tensor]:
-    """A function of the symbol values computing a recipe's output (as `evaluate_recipe` does),
-    with the nodes, their implementations and which attributes hold sizes looked up once."""
-    env_index = {gi.value: i for i, gi in enumerate(recipe.inputs)}
-    consts = [gi.tensor for gi in recipe.inputs]
-    calls = []
-    for n in recipe.nodes:
-        for o in n.outputs:
-            env_index[o] = len(env_index)
-        sym_attrs = is_symbolic(n.attrs)
-        calls.append((OPS[n.op], [env_index[v] for v in n.inputs], n.attrs, sym_attrs, len(n.outputs)))
-    out = env_index[recipe.outputs[0]]
-
-    def run(values: Mapping[Any, int]) -> torch.Tensor:
-        env: list[Any] = list(consts)
-        for op, ins, attrs, sym_attrs, _ in calls:
-            if sym_attrs:
-                attrs = Attrs({k: substitute(a, values) for k, a in attrs.items()})
-                if op.name == "scalar":  # a size used as a number takes the scalar's dtype
-                    attrs = attrs.replace(value=python_scalar(attrs["value"], attrs["dtype"]))
-            env.extend(op.evaluate([env[i] for i in ins], attrs))
-        return env[out].detach().contiguous()
-
-    return run
-
-
-def _is_causal_triangle(mask: torch.Tensor) -> bool:
-    """Is a boolean mask [..., L, S] exactly the top-left lower triangle (key j <= query i) in
-    every leading position (attention's `causal`)?"""
-    if mask.dtype != torch.bool or mask.dim() < 2:
-        return False
-    tri = torch.ones(mask.shape[-2:], dtype=torch.bool).tril()
-    return bool((mask == tri).all())
-
-
-def _node_at(n: Node, values: Mapping[Any, int]) -> Node:
-    if not is_symbolic(list(n.attrs.values())):
-        return n
-    return Node(n.op, n.inputs, Attrs({k: substitute(a, values) for k, a in n.attrs.items()}), n.outputs, n.meta)
-
-
-def _step_at(st: StepSpec, values: Mapping[Any, int]) -> StepSpec:
-    """A step of a symbolic program at concrete sizes (generated segments take the sizes as an
-    argument and are the same step)."""
-    if st.kind == "seg":
-        return st
-    return dataclasses.replace(st, operands=[(s, substitute(lay, values)) for s, lay in st.operands],
-                               attrs=substitute(st.attrs, values),
-                               body=specialize(st.body, values) if st.body is not None else None)
-
-
-def _copy_slot(spec: SlotSpec) -> SlotSpec:
-    """A shallow copy (an instance's own slot; copy.copy costs ten times as much)."""
-    new = object.__new__(SlotSpec)
-    new.__dict__.update(spec.__dict__)
-    return new
-
-
 def _view(t: torch.Tensor, lay: Strided) -> torch.Tensor:
     return t.as_strided(lay.shape, lay.strides, t.storage_offset() + lay.offset)
 
 
-@dataclass
-class SymbolicLayout:
-    """What a program for a range of sizes fixes per call size (see `CpuProgram.at`): the memory
-    plan (offsets placed per size), the value of each arena slot, and the scratch slots.
-
-    Offsets are placed per *bucket* of sizes (each symbol rounded up to a quarter octave:
-    ..., 512, 640, 768, ...) and shared by every size in it: a buffer's size grows with the
-    symbols, so a placement without overlaps at the bucket's top has none below it (checked
-    per size; a size where it fails gets its own placement). The sizes of one bucket share its
-    arena (the process's shared one when large: see CpuProgram) and its lock (one call at a time
-    uses the arena)."""
-
-    plan: Any  # passes.plan_memory.MemoryPlan with symbolic sizes
-    arena_values: dict[int, Any]  # arena slot -> the IR value its offset is planned for
-    scratch: list[int]  # scratch slots (at the arena's end, sized by the largest)
-    symbols: list[Any]  # the graph's size symbols (sympy), s0, s1, ... in index order
-    buckets: dict[tuple, _Bucket] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _shapes: list | None = None
-    _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
-    _plan_sizes: tuple | None = None  # (symbolic buffers, their sizes' evaluator): `bucket_for`
-
-    def varying_slots(self, slots: list[SlotSpec]) -> list[tuple[int, Callable[[Mapping[Any, int]], tuple] | None]]:
-        """(slot, its shape's compiled evaluator, or None for a static type) per slot whose type or
-        value differs between two sizes of one bucket: a symbolic type, or a sized slot. (Arena and
-        scratch slots of static type differ between buckets only: `_Bucket.slots`.)"""
-        if self._shapes is None:
-            self._shapes = [(s, shape_evaluator(spec.type.shape) if is_symbolic(spec.type) else None)
-                            for s, spec in enumerate(slots) if spec.kind == "sized" or is_symbolic(spec.type)]
-        return self._shapes
-
-    def evaluate(self, slot: int, recipe: Graph, values: Mapping[Any, int]) -> torch.Tensor:
-        """A sized slot's value at these sizes (its recipe's ops run by torch; the recipe
-        compiled to a list of calls once)."""
-        run = self._recipes.get(slot)
-        if run is None:
-            run = self._recipes[slot] = _compile_recipe(recipe)
-        return run(values)
-
-    def bucket_for(self, values: Mapping[Any, int]) -> _Bucket:
-        key = tuple(bucket_size(int(values[s])) for s in self.symbols)
-        with self.lock:
-            b = self.buckets.get(key)
-            if b is None:
-                top = dict(zip(self.symbols, key, strict=True))
-                b = self.buckets[key] = _Bucket(self.plan.at(top))
-            if len(self.buckets) > 64:  # (a long-running server: forget the oldest)
-                self.buckets.pop(next(iter(self.buckets)))
-        if self._plan_sizes is None:  # (the buffers' sizes as one compiled function of the symbols)
-            keys = [v for v, n in self.plan.sizes.items() if is_symbolic(n)]
-            self._plan_sizes = (keys, shape_evaluator(tuple(self.plan.sizes[v] for v in keys)) if keys
-                                else lambda values: ())
-        keys, sizes_at = self._plan_sizes
-        top = b.plan.sizes
-        if any(n > top[v] for v, n in zip(keys, sizes_at(values), strict=True)):
-            return _Bucket(self.plan.at(values))  # a buffer that shrinks as the sizes grow: its own plan
-        return b
-
-
-@dataclass
-class _Bucket:
-    plan: Any  # the memory plan placed at the bucket's top sizes
-    arena: torch.Tensor | None = None  # allocated by the first call of a size in the bucket
-    slots: list | None = None  # the program's slots placed by `plan` (`CpuProgram._placed_slots`)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 SHARED_ARENA_OVER = 16 << 20  # arena bytes above which a CPU program runs in the shared CPU arena
 CPU_ARENA_KEY = ("cpu", "cpp")  # (apart from the Triton backend's arena for a CPU device, its interpreter runs)
-
-
-def bucket_size(n: int) -> int:
-    """`n` rounded up to a quarter octave (16 for n <= 16): 17 -> 20, 100 -> 112, 513 -> 640."""
-    if n <= 16:
-        return 16
-    step = (1 << (n.bit_length() - 1)) // 4
-    return -(-n // step) * step
 
 
 class CpuProgram:
@@ -330,7 +195,8 @@ class CpuProgram:
         # (runtime/check_numerics.py checks every kernel this way)
         self.observer: Callable[[list[Callable[[], None]], list], None] | None = None
         self.symbolic: SymbolicLayout | None = None  # a program for a range of sizes (`at`)
-        self._bucket: _Bucket | None = None  # (a program made by `at`: its bucket's arena and lock)
+        self._bucket: Bucket | None = None  # (a program made by `at`: its bucket's arena and lock)
+        self.symbolic_of: SymbolicLayout | None = None  # (a program made by `at`: its program's layout)
         self.sizes: dict[Any, int] = {}  # the symbol values of a program made by `at`
         # decides which program serves each call while refining (codegen/cpu/refine.py): run()
         # then goes through refiner.run(self, inputs), which calls `call_timed` on one of them
@@ -345,34 +211,83 @@ class CpuProgram:
         if sym is None:
             raise ValueError("at(): this program was built for static sizes")
         bucket = sym.bucket_for(values)
+        base = bucket.instance
+        if base is not None:  # (another size of this bucket, bound already: its copy, resized)
+            prog = base._resized(values)
+            if prog is not None:
+                return prog
         if bucket.slots is None:  # (slots placed in the bucket's arena: shared by its sizes)
             bucket.slots = self._placed_slots(bucket.plan)
         base = bucket.slots
         slots = list(base)  # slots of static type are shared; those whose type or value varies, copied
         for s, shape_at in sym.varying_slots(self.slots):
-            spec = slots[s] = _copy_slot(base[s])
+            spec = slots[s] = copy_slot(base[s])
             if shape_at is not None:
                 spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
             if spec.kind == "sized":
                 spec.tensor = sym.evaluate(s, spec.recipe, values)
-                if spec.causal and _is_causal_triangle(spec.tensor):
+                if spec.causal and is_causal_triangle(spec.tensor):
                     spec.tensor = None  # the flash kernels read a null mask as causal
         arena = (bucket.plan.arena_bytes + 63) // 64 * 64
         scratch = 0
         for s in sym.scratch:
             scratch = max(scratch, (slots[s].type.nbytes + 63) // 64 * 64)
-        steps = [st if st.kind == "seg" else _step_at(st, values) for st in self.steps]
-        outputs = [o if not o.views else dataclasses.replace(o, views=tuple(_node_at(n, values) for n in o.views))
+        steps = [st if st.kind == "seg" else step_at(st, values) for st in self.steps]
+        outputs = [o if not o.views else dataclasses.replace(o, views=tuple(node_at(n, values) for n in o.views))
                    for o in self.outputs]
         prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena + scratch, self.info)
         prog._bucket = bucket
         prog._lock = bucket.lock
+        prog.symbolic_of = sym
         prog.sizes = {s: int(values[s]) for s in sym.symbols}
         prog._sizes = (ctypes.c_int64 * max(len(sym.symbols), 1))(*[prog.sizes[s] for s in sym.symbols])
         for attr in ("schedules", "kernel_slots"):
             if hasattr(self, attr):
                 setattr(prog, attr, getattr(self, attr))
+        if bucket.instance is None and prog._resizable():
+            bucket.instance = prog
         return prog
+
+    def _resizable(self) -> bool:
+        """Can another size of this instance's bucket start from a copy of it (`_resized`)? Only
+        when a size changes nothing but slot types and the sizes argument: every step generated
+        code, no sized slot, every output a fresh slot without views, its own (bucket) arena."""
+        return (all(st.kind == "seg" for st in self.steps) and self._shared is None and not self._profiling
+                and self.outputs_fresh and not any(o.views for o in self.outputs)
+                and not any(spec.kind == "sized" for spec in self.slots))
+
+    def _resized(self, values: Mapping[Any, int]) -> CpuProgram | None:
+        """This bound instance (`_resizable`) copied to other sizes of its bucket: the slots whose
+        type varies are copied with their new types, the slot addresses (arena, constants) kept,
+        the steps' runners made anew over the copy's own address and size arrays. None when this
+        instance is not bound yet, a checker observes it, or the sizes need a larger scratch than
+        its arena holds (the caller then builds the instance in full)."""
+        sym = self.symbolic_of
+        if not self._ready or self.observer is not None or sym is None:
+            return None
+        slots = list(self.slots)
+        for s, shape_at in sym.varying():
+            spec = slots[s] = copy_slot(self.slots[s])
+            spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
+        scratch = max([(slots[s].type.nbytes + 63) // 64 * 64 for s in sym.scratch], default=0)
+        arena_bytes = max((self._bucket.plan.arena_bytes + 63) // 64 * 64 + scratch, 64)
+        if arena_bytes > self.arena.numel():
+            return None
+        new = object.__new__(CpuProgram)
+        new.__dict__.update(self.__dict__)
+        new.slots, new._arena_bytes = slots, arena_bytes
+        new._ptrs = (ctypes.c_void_p * len(self._ptrs))()
+        ctypes.memmove(new._ptrs, self._ptrs, ctypes.sizeof(self._ptrs))
+        new._env = list(self._env)
+        new.sizes = {s: int(values[s]) for s in sym.symbols}
+        new._sizes = (ctypes.c_int64 * max(len(sym.symbols), 1))(*[new.sizes[s] for s in sym.symbols])
+        new._inputs = [(s, i, slots[s].type) for s, i, _ in self._inputs]
+        new._fresh = [(s, slots[s].type) for s, _ in self._fresh]
+        new._ptrs_bound, new.calls, new.run_s = None, 0, 0.0
+        new._step_s = [0.0] * len(self.steps)
+        new.collectives = collectives.Pending()
+        new._runners = [new._make_runner(st) for st in self.steps]
+        return new
 
     def _placed_slots(self, plan: Any) -> list[SlotSpec]:
         """This symbolic program's slots with the arena offsets of `plan` (a bucket's placement):
@@ -380,11 +295,11 @@ class CpuProgram:
         sym = self.symbolic
         slots = list(self.slots)
         for s, v in sym.arena_values.items():
-            slots[s] = _copy_slot(self.slots[s])
+            slots[s] = copy_slot(self.slots[s])
             slots[s].index = plan.offsets[v]
         arena = (plan.arena_bytes + 63) // 64 * 64
         for s in sym.scratch:
-            slots[s] = _copy_slot(self.slots[s])
+            slots[s] = copy_slot(self.slots[s])
             slots[s].index = arena
         return slots
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import novaforge
 from nf_symbolic_cases import B48, CASES, W32x48, _rand, run_case
 from novaforge.ir.symbolic import Sym, as_dim, c_expr, py_expr, symbol
-from novaforge.runtime.cpu_program import bucket_size
+from novaforge.runtime.symbolic_layout import bucket_size
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
@@ -155,3 +155,31 @@ def test_sizes_of_one_bucket_share_its_placement_and_a_shrinking_buffer_gets_its
             if n == bucket_size(n):  # (the bucket's own sizes ran on its placed slots)
                 assert top.slots is not None and len(top.slots) == len(c.stats().program.slots)
     assert c.compilations == 1 and sym is not None
+
+
+def test_a_bound_instance_is_copied_for_other_sizes_of_its_bucket():
+    """Once an instance of a bucket has run, another size of that bucket is its copy with the
+    varying slots retyped (`CpuProgram._resized`: bound at once, no new placement or binding);
+    each copy computes its own size, also after the sizes interleave, and a size in another
+    bucket is built in full."""
+    torch.manual_seed(0)
+    fn = lambda x: torch.relu(x @ W32x48 + B48).sum(-1)  # noqa: E731
+    c = novaforge.compile(fn, backend="cpu", dynamic={0: {0: (2, 4096)}}, tiered=False)
+    with torch.no_grad():
+        c(_rand(20, 32))
+        prog = c.stats().program
+        s0 = prog.symbolic.symbols[0]
+        first = prog.at({s0: 20})
+        x20 = _rand(20, 32)
+        torch.testing.assert_close(first.run([x20])[0], fn(x20), atol=1e-4, rtol=1e-5)
+        copies = {n: prog.at({s0: n}) for n in (17, 18, 19)}
+        for n, p in copies.items():
+            assert p._ready and p._bucket is first._bucket and p.sizes == {s0: n}, n
+        for n in (18, 17, 19, 18):
+            x = _rand(n, 32)
+            (got,) = copies[n].run([x])
+            assert got.shape == (n,)
+            torch.testing.assert_close(got, fn(x), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(first.run([x20])[0], fn(x20), atol=1e-4, rtol=1e-5)
+        other = prog.at({s0: 100})  # (bucket 112: nothing bound there yet)
+        assert not other._ready and other._bucket is not first._bucket

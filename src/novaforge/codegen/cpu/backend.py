@@ -34,8 +34,9 @@ from ...ir.symbolic import SymbolicDecision, context_signature, graph_symbols, h
 from ...ir.types import TensorType
 from ...options import Options
 from ...runtime import check_numerics
-from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec, SymbolicLayout
+from ...runtime.cpu_program import CpuProgram, OutputSpec, SlotSpec, StepSpec
 from ...runtime.state import version_of
+from ...runtime.symbolic_layout import SymbolicLayout
 from ...schedule.cpu import gemm_predicted_ns, predicted_ns, schedule_variant
 from ...schedule.target import CpuTarget, detect_cpu_target
 from ..inplace_updates import mutated_input_uses, pointwise_updates
