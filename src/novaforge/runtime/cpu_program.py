@@ -197,6 +197,7 @@ class CpuProgram:
         self.symbolic: SymbolicLayout | None = None  # a program for a range of sizes (`at`)
         self._bucket: Bucket | None = None  # (a program made by `at`: its bucket's arena and lock)
         self.symbolic_of: SymbolicLayout | None = None  # (a program made by `at`: its program's layout)
+        self._varying_io: tuple[list[int], list[int]] | None = None  # (`_resized`: positions in _inputs, _fresh)
         self.sizes: dict[Any, int] = {}  # the symbol values of a program made by `at`
         # decides which program serves each call while refining (codegen/cpu/refine.py): run()
         # then goes through refiner.run(self, inputs), which calls `call_timed` on one of them
@@ -266,9 +267,9 @@ class CpuProgram:
         if not self._ready or self.observer is not None or sym is None:
             return None
         slots = list(self.slots)
-        for s, shape_at in sym.varying():
+        for s, ty in sym.varying_types(values):
             spec = slots[s] = copy_slot(self.slots[s])
-            spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
+            spec.type = ty
         scratch = max([(slots[s].type.nbytes + 63) // 64 * 64 for s in sym.scratch], default=0)
         arena_bytes = max((self._bucket.plan.arena_bytes + 63) // 64 * 64 + scratch, 64)
         if arena_bytes > self.arena.numel():
@@ -281,8 +282,17 @@ class CpuProgram:
         new._env = list(self._env)
         new.sizes = {s: int(values[s]) for s in sym.symbols}
         new._sizes = (ctypes.c_int64 * max(len(sym.symbols), 1))(*[new.sizes[s] for s in sym.symbols])
-        new._inputs = [(s, i, slots[s].type) for s, i, _ in self._inputs]
-        new._fresh = [(s, slots[s].type) for s, _ in self._fresh]
+        if self._varying_io is None:  # (which of the bound inputs and fresh outputs change type)
+            varying = {s for s, _ in sym.varying()}
+            self._varying_io = ([k for k, (s, _, _) in enumerate(self._inputs) if s in varying],
+                                [k for k, (s, _) in enumerate(self._fresh) if s in varying])
+        new._inputs, new._fresh = list(self._inputs), list(self._fresh)
+        for k in self._varying_io[0]:
+            s, i, _ = self._inputs[k]
+            new._inputs[k] = (s, i, slots[s].type)
+        for k in self._varying_io[1]:
+            s = self._fresh[k][0]
+            new._fresh[k] = (s, slots[s].type)
         new._ptrs_bound, new.calls, new.run_s = None, 0, 0.0
         new._step_s = [0.0] * len(self.steps)
         new.collectives = collectives.Pending()

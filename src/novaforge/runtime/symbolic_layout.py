@@ -26,6 +26,7 @@ from ..ir import OPS, Graph, Node
 from ..ir.graph import Attrs
 from ..ir.specialize import python_scalar, specialize
 from ..ir.symbolic import is_symbolic, shape_evaluator, substitute
+from ..ir.types import TensorType
 
 if TYPE_CHECKING:
     from .cpu_program import SlotSpec
@@ -108,6 +109,7 @@ class SymbolicLayout:
     buckets: dict[tuple, Bucket] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _shapes: list | None = None
+    _types: tuple | None = None  # ([(slot, rank, dtype, device)], all their dims' evaluator): `varying_types`
     _recipes: dict[int, Callable[[Mapping[Any, int]], torch.Tensor]] = field(default_factory=dict)
     _plan_sizes: tuple | None = None  # (symbolic buffers, their sizes' evaluator): `bucket_for`
 
@@ -118,7 +120,29 @@ class SymbolicLayout:
         if self._shapes is None:
             self._shapes = [(s, shape_evaluator(spec.type.shape) if is_symbolic(spec.type) else None)
                             for s, spec in enumerate(slots) if spec.kind == "sized" or is_symbolic(spec.type)]
+            typed = [(s, slots[s].type) for s, at in self._shapes if at is not None]
+            dims = tuple(d for _, ty in typed for d in ty.shape)
+            self._types = ([(s, ty.rank, ty.dtype, ty.device) for s, ty in typed],
+                           shape_evaluator(dims) if dims else lambda values: ())
         return self._shapes
+
+    def varying_types(self, values: Mapping[Any, int]) -> list[tuple[int, TensorType]]:
+        """(slot, its type at `values`) per slot of symbolic type: every shape from one compiled
+        function, and slots of one shape and dtype share one TensorType (a decode step's 24 cache
+        inputs are one type)."""
+        self.varying()
+        meta, dims_at = self._types
+        dims = dims_at(values)
+        made: dict[tuple, TensorType] = {}
+        out, k = [], 0
+        for s, rank, dtype, device in meta:
+            shape = tuple(dims[k:k + rank])
+            k += rank
+            ty = made.get((shape, dtype, device))
+            if ty is None:
+                ty = made[(shape, dtype, device)] = TensorType(shape, dtype, device)
+            out.append((s, ty))
+        return out
 
     def varying(self) -> list[tuple[int, Callable[[Mapping[Any, int]], tuple] | None]]:
         """`varying_slots` as the program's first `at` computed them (an instance's slots have
