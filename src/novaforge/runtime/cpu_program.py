@@ -219,24 +219,20 @@ class CpuProgram:
                 return prog
         if bucket.slots is None:  # (slots placed in the bucket's arena: shared by its sizes)
             bucket.slots = self._placed_slots(bucket.plan)
-        base = bucket.slots
-        slots = list(base)  # slots of static type are shared; those whose type or value varies, copied
-        for s, shape_at in sym.varying_slots(self.slots):
-            spec = slots[s] = copy_slot(base[s])
-            if shape_at is not None:
-                spec.type = TensorType(shape_at(values), spec.type.dtype, spec.type.device)
+        sym.varying_slots(self.slots)  # (computed once, from this program's symbolic types)
+        slots, arena_bytes = sym.slots_at(bucket, values)
+        for s, _ in sym.varying():
+            spec = slots[s]
             if spec.kind == "sized":
+                if spec is bucket.slots[s]:  # (a sized slot of static type: not copied yet)
+                    spec = slots[s] = copy_slot(spec)
                 spec.tensor = sym.evaluate(s, spec.recipe, values)
                 if spec.causal and is_causal_triangle(spec.tensor):
                     spec.tensor = None  # the flash kernels read a null mask as causal
-        arena = (bucket.plan.arena_bytes + 63) // 64 * 64
-        scratch = 0
-        for s in sym.scratch:
-            scratch = max(scratch, (slots[s].type.nbytes + 63) // 64 * 64)
         steps = [st if st.kind == "seg" else step_at(st, values) for st in self.steps]
         outputs = [o if not o.views else dataclasses.replace(o, views=tuple(node_at(n, values) for n in o.views))
                    for o in self.outputs]
-        prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena + scratch, self.info)
+        prog = CpuProgram(self.lib, slots, steps, outputs, self.n_inputs, arena_bytes, self.info)
         prog._bucket = bucket
         prog._lock = bucket.lock
         prog.symbolic_of = sym
@@ -266,12 +262,7 @@ class CpuProgram:
         sym = self.symbolic_of
         if not self._ready or self.observer is not None or sym is None:
             return None
-        slots = list(self.slots)
-        for s, ty in sym.varying_types(values):
-            spec = slots[s] = copy_slot(self.slots[s])
-            spec.type = ty
-        scratch = max([(slots[s].type.nbytes + 63) // 64 * 64 for s in sym.scratch], default=0)
-        arena_bytes = max((self._bucket.plan.arena_bytes + 63) // 64 * 64 + scratch, 64)
+        slots, arena_bytes = sym.slots_at(self._bucket, values)
         if arena_bytes > self.arena.numel():
             return None
         new = object.__new__(CpuProgram)

@@ -126,6 +126,17 @@ class SymbolicLayout:
                            shape_evaluator(dims) if dims else lambda values: ())
         return self._shapes
 
+    def slots_at(self, bucket: Bucket, values: Mapping[Any, int]) -> tuple[list, int]:
+        """An instance's slots at `values` in `bucket` (whose `slots` are placed): the bucket's,
+        with every slot of symbolic type copied and retyped; and the arena bytes it needs (the
+        bucket's placement, then the largest scratch slot at these sizes)."""
+        slots = list(bucket.slots)
+        for s, ty in self.varying_types(values):
+            spec = slots[s] = copy_slot(slots[s])
+            spec.type = ty
+        scratch = max([(slots[s].type.nbytes + 63) // 64 * 64 for s in self.scratch], default=0)
+        return slots, max((bucket.plan.arena_bytes + 63) // 64 * 64 + scratch, 64)
+
     def varying_types(self, values: Mapping[Any, int]) -> list[tuple[int, TensorType]]:
         """(slot, its type at `values`) per slot of symbolic type: every shape from one compiled
         function, and slots of one shape and dtype share one TensorType (a decode step's 24 cache
