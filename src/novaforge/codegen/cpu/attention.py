@@ -16,6 +16,10 @@ transposes copied).
 bfloat16 q/k/v (and mask) are converted to float32 when packed (q, K^T, and V into a packed
 float copy) and the output is rounded to bfloat16 once; everything in between is float32.
 
+One query row of grouped-query heads (decode: L == 1, Hq = G * Hk with G > 1) has the tasks
+(batch, key/value head) instead, with the group's G query heads as the rows of one block: K^T
+is packed once per key/value head, not once per query head (`rows_are_heads`).
+
 A kernel with a mask argument reads a null mask pointer as the causal triangle: a program for
 a range of sizes passes null where the mask, a value of the sizes alone computed once per size,
 is that triangle (`CpuProgram.at`), so the kernel skips the masked half as a causal one does.
@@ -105,11 +109,17 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
                         kv_len=hS, q_len=hL)
     sched = configure(shape, target)
     BQ, BK = sched.q_tile, sched.kv_tile
+    # decode with grouped-query heads: a task per (batch, key/value head), its G query heads the
+    # block's rows (all at query position 0), so K^T is packed once for the group
+    rows_are_heads = (L == 1 and 1 < group <= 16 and not lse_out and not is_symbolic(B)
+                      and B * hk >= sched.threads)
+    if rows_are_heads:
+        BQ = group
     W = target.vector_floats
     tiled = BK % (2 * W) == 0 and target.simd != "scalar"
     pv_tiled = tiled and Ev % (2 * W) == 0 and vs[2] == 1
     key = (f"{kernel.structural_key}|flash|{q.layout}|{k.layout}|{v.layout}|{mask.layout if mask else None}"
-           f"|{heads_last}")
+           f"|{heads_last}|{rows_are_heads}")
     head_off, row_stride = (Ev, hq * Ev) if heads_last else (L * Ev, Ev)
     if lse_out and is_symbolic([(op.layout.shape, op.layout.strides, op.layout.offset) for op in ops]):
         raise Unsupported("attention with its logsumexp and symbolic sizes runs through torch")
@@ -146,20 +156,33 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c(f"const {mtype}* mg = (const {mtype}*)p{inb + mask.buf};")
             c("const bool tri = mg == nullptr;  // a null mask: the causal triangle (see the module docstring)")
             c(f"if (!tri) mg += {mask.layout.offset};")
-        nqb = -(-L // BQ)
+        nqb = 1 if rows_are_heads else -(-L // BQ)
         # tasks: (batch, head, chunk of query blocks); K^T is packed once per task. The number of
         # chunks is a performance choice (at the hint); with symbolic sizes a chunk past the last
-        # query block finds its block range empty
-        nchunk = max(1, min(hint(nqb), -(-4 * sched.threads // max(1, hint(B) * hq))))
+        # query block finds its block range empty. rows_are_heads: (batch, key/value head)
+        nchunk = 1 if rows_are_heads else max(1, min(hint(nqb), -(-4 * sched.threads // max(1, hint(B) * hq))))
         per = -(-nqb // nchunk)
-        total = B * hq * nchunk
+        total = B * (hk if rows_are_heads else hq) * nchunk
+        # one query row (decode): the key/value stream is the work, and each task's is short, so
+        # tasks go round-robin and a task prefetches the next one's keys and values (below)
+        prefetch_next = L == 1 and sched.threads > 1
         if sched.threads > 1:
-            c(f"#pragma omp parallel for num_threads({sched.threads}) schedule(dynamic, 1)")
+            c(f"#pragma omp parallel for num_threads({sched.threads}) "
+              f"schedule({'static' if prefetch_next else 'dynamic'}, 1)")
         c.open(f"for (int64_t t = 0; t < {total}; t++)")
-        c(f"const int64_t ch = t % {nchunk}, bh = t / {nchunk}, h = bh % {hq}, b = bh / {hq}, hk = h / {group};")
+
+        def task(t: str, sfx: str = "") -> None:
+            if rows_are_heads:
+                c(f"const int64_t ch{sfx} = 0, hk{sfx} = {t} % {hk}, b{sfx} = {t} / {hk}, "
+                  f"h{sfx} = hk{sfx} * {group};  // the group's first head")
+            else:
+                c(f"const int64_t ch{sfx} = {t} % {nchunk}, bh{sfx} = {t} / {nchunk}, h{sfx} = bh{sfx} % {hq}, "
+                  f"b{sfx} = bh{sfx} / {hq}, hk{sfx} = h{sfx} / {group};")
+            c(f"const {T}* kp{sfx} = kg + b{sfx} * {bst[1]} + hk{sfx} * {ks[0]};")
+            c(f"const {T}* vp{sfx} = vg + b{sfx} * {bst[2]} + hk{sfx} * {vs[0]};")
+
+        task("t")
         c(f"const {T}* qp = qg + b * {bst[0]} + h * {qs[0]};")
-        c(f"const {T}* kp = kg + b * {bst[1]} + hk * {ks[0]};")
-        c(f"const {T}* vp = vg + b * {bst[2]} + hk * {vs[0]};")
         if mask is not None:
             c(f"const {mtype}* mp = tri ? mg : mg + b * {bst[3]} + h * {mask_tail[0]};")
         c(f"{T}* op = out + b * {bst[-1]} + h * {head_off};")
@@ -171,9 +194,23 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             # unwritten tail): they would add exp(-inf) = 0 to every row, so the result is the same
             c.open("if (!tri)")
             c("int64_t last = 0;")
-            c(f"for (int64_t i = qb0 * {BQ}; i < iend; i++) for (int64_t j = kend - 1; j >= last; j--) "
-              f"if (mp[i * {mask_tail[1]} + j * {mask_tail[2]}]) {{ last = j + 1; break; }}")
+            if rows_are_heads:  # every head of the group at query position 0
+                c(f"for (int64_t r = 0; r < {group}; r++) for (int64_t j = kend - 1; j >= last; j--) "
+                  f"if (mp[r * {mask_tail[0]} + j * {mask_tail[2]}]) {{ last = j + 1; break; }}")
+            else:
+                c(f"for (int64_t i = qb0 * {BQ}; i < iend; i++) for (int64_t j = kend - 1; j >= last; j--) "
+                  f"if (mp[i * {mask_tail[1]} + j * {mask_tail[2]}]) {{ last = j + 1; break; }}")
             c("kend = last;")
+            c.close()
+        if prefetch_next:  # this thread's next task (static round-robin): its first kend keys and values
+            c.open(f"if (t + {sched.threads} < {total})")
+            task(f"t + {sched.threads}", "n")
+            c("(void)chn; (void)hn;")
+            isz = 2 if bf16 else 4
+            c.open("for (int64_t j = 0; j < kend; j++)")
+            c(f"nf_pf_row((const char*)(kpn + j * {ks[1]}), {(E - 1) * ks[2] * isz + isz}, 0);")
+            c(f"nf_pf_row((const char*)(vpn + j * {vs[1]}), {(Ev - 1) * vs[2] * isz + isz}, 0);")
+            c.close()
             c.close()
         c(f"float* ktb = nf_scratch(0, ((kend + {BK - 1}) / {BK}) * {E * BK});")
         if not bf16 and ks[2] == 1:  # K rows contiguous: transposed a register block at a time
@@ -190,7 +227,12 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c(f"for (int64_t j = 0; j < kend; j++) for (int64_t e = 0; e < {Ev}; e++) "
               f"vcb[j * {Ev} + e] = nf_bf16_load(vp[j * {vs[1]} + e * {vs[2]}]);")
         c.open("for (int64_t qb = qb0; qb < qb1; qb++)")
-        c(f"const int64_t i0 = qb * {BQ}, i1 = i0 + {BQ} < {L} ? i0 + {BQ} : {L}, nr = i1 - i0;")
+        if rows_are_heads:  # row r: head h + r at query position 0
+            c(f"const int64_t i0 = 0, i1 = 1, nr = {group};")
+        else:
+            c(f"const int64_t i0 = qb * {BQ}, i1 = i0 + {BQ} < {L} ? i0 + {BQ} : {L}, nr = i1 - i0;")
+        q_row, out_row = (f"r * {qs[0]}", f"r * {head_off}") if rows_are_heads else \
+            (f"(i0 + r) * {qs[1]}", f"(i0 + r) * {row_stride}")
         c(f"alignas(64) float qs[{BQ}][{E}];")
         c(f"alignas(64) float s[{BQ}][{BK}];")
         c(f"alignas(64) float acc[{BQ}][{Ev}];")
@@ -198,7 +240,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("m[r] = -__builtin_inff(); l[r] = 0.0f;")
         c(f"for (int64_t e = 0; e < {Ev}; e++) acc[r][e] = 0.0f;")
-        c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = {ld(f'qp[(i0 + r) * {qs[1]} + e * {qs[2]}]')} * {scale!r}f;")
+        c(f"for (int64_t e = 0; e < {E}; e++) qs[r][e] = {ld(f'qp[{q_row} + e * {qs[2]}]')} * {scale!r}f;")
         c.close()
         if qs[2] == 1:  # the next block's q rows into L2 while this block computes (rows are strided)
             c(f"for (int64_t r = i1; r < i1 + {BQ} && r < {L}; r++) "
@@ -231,10 +273,11 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
             c.close()
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("float* sr = s[r];")
-        c("const int64_t i = i0 + r;")
+        c("const int64_t i = 0;" if rows_are_heads else "const int64_t i = i0 + r;")
         if mask is not None:
             c.open("if (!tri)")
-            c(f"const {mtype}* mr = mp + i * {mask_tail[1]} + j0 * {mask_tail[2]};")
+            row = f"r * {mask_tail[0]}" if rows_are_heads else f"i * {mask_tail[1]}"
+            c(f"const {mtype}* mr = mp + {row} + j0 * {mask_tail[2]};")
             c("#pragma omp simd")
             if mtype == "uint8_t":
                 c(f"for (int64_t j = 0; j < nj; j++) sr[j] = mr[j * {mask_tail[2]}] ? sr[j] : -__builtin_inff();")
@@ -276,7 +319,7 @@ def plan_flash_attention(kernel: Kernel, target: CpuTarget, heads_last: bool = F
         c.close()  # key tiles
         c.open("for (int64_t r = 0; r < nr; r++)")
         c("const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;")
-        c(f"{T}* orow = op + (i0 + r) * {row_stride};")
+        c(f"{T}* orow = op + {out_row};")
         c("#pragma omp simd")
         val = "nf_bf16_store(acc[r][e] * inv)" if bf16 else "acc[r][e] * inv"
         c(f"for (int64_t e = 0; e < {Ev}; e++) orow[e] = {val};")
