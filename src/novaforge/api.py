@@ -635,9 +635,9 @@ def _compile_graph(fn: Any, args: tuple, kwargs: dict, *, freeze: bool, backend:
     options = Options.of(options)
     session.stage("capture")
     if _probably_cpu(backend, args, kwargs):
-        from .codegen.cpu.gemm.build import start_background_build
+        from .codegen.cpu.backend import start_background_builds
 
-        start_background_build()  # the GEMM library compiles while the model is captured
+        start_background_builds()  # the GEMM library and the kernels' header compile while the model is captured
     fake = options.compile_only or has_meta_state(fn)
     if captured is None:
         with torch.no_grad() if freeze else contextlib.nullcontext():

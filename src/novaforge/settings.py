@@ -57,6 +57,15 @@ def cxx() -> str:
     return _get("NOVAFORGE_CXX") or _get("CXX") or "g++"
 
 
+def cpu_pch() -> bool:
+    """$NOVAFORGE_CPU_PCH: '0' compiles generated kernels without the precompiled nf_cpu.h
+    (default on where the compiler is GCC)."""
+    v = _get("NOVAFORGE_CPU_PCH", "1")
+    if v not in ("0", "1"):
+        raise ValueError(f"NOVAFORGE_CPU_PCH={v!r}; expected 0 or 1")
+    return v == "1"
+
+
 def gemm_isa() -> str:
     """$NOVAFORGE_GEMM_ISA: the instruction set nf_gemm is built for (default 'native')."""
     return _get("NOVAFORGE_GEMM_ISA", "native")

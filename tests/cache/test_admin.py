@@ -68,6 +68,9 @@ def cache(built, tmp_path, monkeypatch):
     (root / "triton-src").mkdir()
     text = "import triton\n@triton.jit\ndef kernel(x):\n    pass\n"
     (root / "triton-src" / _triton_name(text)).write_text(text)
+    pch = root / "cpu-pch" / ("ab" * 16)  # a precompiled header's folder (GCC checks the file itself)
+    pch.mkdir(parents=True)
+    (pch / "nf_cpu.h.gch").write_bytes(b"gpch" + b"\x00" * 60)
     monkeypatch.setenv("NOVAFORGE_CACHE_DIR", str(root))
     return root, keys
 
@@ -79,6 +82,7 @@ def test_info_counts_entries_by_kind(cache, capsys):
     assert out.splitlines()[0] == f"novaforge cache: {root}"
     rows = {ln[:18].strip(): ln[18:].split()[0] for ln in out.splitlines()[2:]}
     assert rows["cpu"] == "3" and rows["cpu lock"] == "3" and rows["gemm"] == "1" and rows["triton-src"] == "1"
+    assert rows["cpu-pch"] == "1"
     assert rows["total"] == str(len(admin.scan(root)))
 
 
@@ -99,21 +103,23 @@ def test_verify_finds_and_removes_every_bad_entry(cache, capsys):
     (so,) = (root / "gemm").glob("*.so")
     so.with_suffix(".sha256").write_bytes(b"\xff\xfe\x00")
     (root / "triton-src" / ("nf_" + "0" * 24 + ".py")).write_text("tampered = True\n")
-    # a crashed build's work folder, two hours old
+    # a crashed build's work folder, two hours old; a precompiled header's folder a crashed build left empty
     temp = lc.root / kc[:2] / f"build-{kc[:16]}-x"
     temp.mkdir()
     (temp / "kernels_0.cpp").write_text("int x;")
-    _age([temp], 2 / 24)
+    empty_pch = root / "cpu-pch" / ("cd" * 16)
+    empty_pch.mkdir()
+    _age([temp, empty_pch], 2 / 24)
     n, bad = admin.verify(root, remove=False)
     reasons = sorted(why for _, why in bad)
-    assert reasons == ["content does not match its name", "library does not embed its key", "size mismatch",
-                       "stale build files", "unreadable sidecar"], reasons
+    assert reasons == ["content does not match its name", "library does not embed its key", "no nf_cpu.h.gch",
+                       "size mismatch", "stale build files", "unreadable sidecar"], reasons
     assert len(admin.scan(root)) == n  # a dry run removes nothing
     assert cli.main(["cache", "verify"]) == 0
-    assert "5 bad, removed" in capsys.readouterr().out
+    assert "6 bad, removed" in capsys.readouterr().out
     assert admin.verify(root)[1] == []
     kinds = sorted(e.kind for e in admin.scan(root) if not e.kind.endswith("lock"))
-    assert kinds == ["cpu", "triton-src"]
+    assert kinds == ["cpu", "cpu-pch", "triton-src"]
     assert (lc.entry_dir(kc) / "meta.json").exists()
 
 

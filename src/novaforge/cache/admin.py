@@ -7,7 +7,9 @@ The cache root (`settings.cache_root()`) holds one folder per kind:
   entry per key with `meta.json`, the library and `src/`; plus `<key>.lock` files and
   `build-*` work folders of builds in progress (or of crashed ones);
 * `gemm/`: `libnf_gemm-<isa>-<key>.so` with its `.sha256` sidecar (codegen/cpu/gemm/build.py);
-* `triton-src/`: `nf_<digest>.py` Triton sources named by the digest of their text.
+* `triton-src/`: `nf_<digest>.py` Triton sources named by the digest of their text;
+* `cpu-pch/<key>/nf_cpu.h.gch`: the generated kernels' precompiled header, one per compiler,
+  flags, CPU and header text (codegen/cpu/build.py); GCC itself checks that one fits.
 
 `verify` runs every entry through the same checks a load does (meta.json readable, the key of
 its folder, this novaforge version, the library's size and sha256, the key embedded in the
@@ -40,11 +42,13 @@ _KEY = re.compile(r"^[0-9a-f]{64}$")
 _GEMM = re.compile(r"^libnf_gemm-[a-z0-9_]+-[0-9a-f]{8,64}\.(so|sha256)$")
 _GEMM_TMP = re.compile(r"^libnf_gemm-.*\.(tmp|tmp\.sha256)$|^libnf_gemm-.*\.objs\.")
 _TRITON = re.compile(r"^nf_([0-9a-f]{24})\.py$")
+_PCH_KEY = re.compile(r"^[0-9a-f]{32}$")
+_PCH = "nf_cpu.h.gch"
 
 
 @dataclass
 class Entry:
-    kind: str  # cpu, probe, gemm, triton-src, or "<kind> temp" / "<kind> lock"
+    kind: str  # cpu, probe, gemm, triton-src, cpu-pch, or "<kind> temp" / "<kind> lock"
     path: Path  # the entry's folder or main file
     files: list[Path] = field(default_factory=list)
     key: str = ""
@@ -105,6 +109,10 @@ def scan(root: Path | None = None) -> list[Entry]:
                     entries.append(Entry(kind, f, [f], m.group(1)))
                 elif f.name.startswith(".tmp-"):
                     entries.append(Entry(f"{kind} temp", f, [f]))
+        elif kind == "cpu-pch":
+            for d in sorted(kd.iterdir()):
+                if _PCH_KEY.match(d.name) and d.is_dir():
+                    entries.append(Entry(kind, d, _files(d), d.name))
         elif _is_library_cache(kd):
             entries += _scan_library(kd, kind)
     return entries
@@ -168,6 +176,11 @@ def check(e: Entry, now: float | None = None) -> str:
             return verify_library(e.path)
         if e.kind == "triton-src":
             return _check_triton(e)
+        if e.kind == "cpu-pch":  # (a build in progress writes a .tmp beside it)
+            gch = e.path / _PCH
+            if gch.is_file() and gch.stat().st_size > 0:
+                return ""
+            return "" if now - e.mtime < TEMP_STALE_S else f"no {_PCH}"
         return _check_library(e)
     except OSError as err:
         return f"unreadable ({type(err).__name__})"

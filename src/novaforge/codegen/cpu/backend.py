@@ -306,7 +306,7 @@ class CpuBackend:
                  uses_gemm: bool, profile: bool = False, timers_on: bool = True) -> tuple[ctypes.CDLL, str, str]:
         glue = _glue(gens, segments, profile, timers_on)
         cxx = compiler()
-        extra, link, gemm_key = ["-fvisibility=hidden"], [], ""
+        extra, link, gemm_key = list(UNIT_FLAGS), [], ""
         if uses_gemm:
             from . import gemm
 
@@ -339,6 +339,18 @@ class CpuBackend:
 
         lib, how = library_cache("cpu").load_or_build(key, build, verify)
         return lib, how, key
+
+
+UNIT_FLAGS = ("-fvisibility=hidden",)  # the backend's flags beside compile_flags() (and nf_gemm's include path)
+
+
+def start_background_builds() -> None:
+    """nf_gemm and the precompiled nf_cpu.h compile in daemon threads while a model is captured."""
+    from . import build
+    from .gemm.build import start_background_build
+
+    start_background_build()
+    build.start_background_pch(detect_cpu_target(), list(UNIT_FLAGS))
 
 
 def _glue(gens: dict[str, GenKernel], segments: list[tuple[str, list[tuple[str, list[int]]]]],

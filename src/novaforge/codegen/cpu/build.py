@@ -8,15 +8,28 @@ when the SIMD width is overridden), -fopenmp, -fno-math-errno -fno-trapping-math
 compiler if-convert and vectorize selects; results are unchanged: no -ffast-math), -fwrapv
 (integer overflow wraps as in torch).
 
+Precompiled header: every generated unit starts with `#include "nf_cpu.h"`, whose parse
+(<cmath>, the SIMD intrinsics headers) was ~0.8 s of a small unit's ~1 s. With GCC, the first
+compile for a set of flags builds `nf_cpu.h.gch` once into the cache (`<cache>/cpu-pch/<key>/`,
+key: compiler, flags but include paths, the CPU's flags, the text of every header here) and
+later units put that folder first on the include path, where GCC takes the .gch in place of the
+header (0.14 s for the same unit). GCC checks that the flags match and otherwise reads the
+header itself, so the .gch changes compile time only; a unit that fails with it is compiled
+again without it. `$NOVAFORGE_CPU_PCH=0` turns it off.
+
 Invariant: on success the library exists at `out_path`; on failure `CompileError` is raised
 with the compiler's message and the path of the kept source, never a half-written library.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 from ... import settings
@@ -76,11 +89,82 @@ def compiler_version(cxx: str | None = None) -> str:
     return _version_cache[cxx]
 
 
+PCH_HEADER = "nf_cpu.h"
+_pch_lock = threading.Lock()
+_pch_failed: set[str] = set()  # keys whose build failed in this process (not tried again)
+
+
+@functools.lru_cache(maxsize=64)
+def _pch_key(cxx: str, flags: tuple[str, ...]) -> str:
+    from ...schedule.target import _cpu_flags
+
+    h = hashlib.sha256()
+    cpu_flags, model = _cpu_flags()
+    for part in (compiler_version(cxx), " ".join(f for f in flags if not f.startswith("-I")),
+                 " ".join(sorted(cpu_flags)), model):
+        h.update(part.encode() + b"\0")
+    for header in sorted(HEADER_DIR.rglob("*.h")):
+        h.update(header.relative_to(HEADER_DIR).as_posix().encode() + b"\0" + header.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def precompiled_header(cxx: str, flags: list[str]) -> Path | None:
+    """The folder holding nf_cpu.h.gch for units compiled with `flags` (built on first use), or
+    None: turned off, not GCC, or its build failed (the units then read the header itself)."""
+    if not settings.cpu_pch() or "clang" in compiler_version(cxx).lower():
+        return None
+    key = _pch_key(cxx, tuple(flags))
+    folder = settings.cache_root() / "cpu-pch" / key
+    gch = folder / (PCH_HEADER + ".gch")
+    if gch.is_file():
+        return folder
+    with _pch_lock:
+        if key in _pch_failed:
+            return None
+        if gch.is_file():
+            return folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=PCH_HEADER + ".", suffix=".tmp")
+            os.close(fd)
+            try:
+                r = subprocess.run([cxx, *flags, "-x", "c++-header", str(HEADER_DIR / PCH_HEADER), "-o", tmp],
+                                   capture_output=True, text=True, timeout=600)
+                if r.returncode != 0:
+                    raise CompileError(r.stdout + r.stderr)
+                os.replace(tmp, gch)  # (another process may have put the same file there: either is whole)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except (OSError, subprocess.SubprocessError, CompileError):
+            _pch_failed.add(key)
+            return None
+    return folder
+
+
+def start_background_pch(target: CpuTarget, extra_flags: list[str]) -> None:
+    """Build the precompiled header for units of `target` with `extra_flags` in a daemon thread
+    if the cache has none yet, so that it compiles while the model is captured (a compile that
+    needs it meanwhile waits for it under the lock instead of building it again)."""
+    cxx = settings.cxx()
+    if not settings.cpu_pch() or shutil.which(cxx) is None:
+        return
+    flags = compile_flags(target) + list(extra_flags)
+    folder = settings.cache_root() / "cpu-pch" / _pch_key(cxx, tuple(flags))
+    if (folder / (PCH_HEADER + ".gch")).is_file():
+        return
+    threading.Thread(target=precompiled_header, args=(cxx, flags), name="nf_cpu-pch", daemon=True).start()
+
+
 def compile_library(sources: list[str], out_path: Path, target: CpuTarget, workdir: Path,
-                    extra_flags: list[str] | None = None, link_flags: list[str] | None = None) -> Path:
+                    extra_flags: list[str] | None = None, link_flags: list[str] | None = None,
+                    use_pch: bool = True) -> Path:
     """Compile `sources` (one translation unit each) into the shared library `out_path`."""
     cxx = compiler()
     flags = compile_flags(target) + list(extra_flags or [])
+    pch = precompiled_header(cxx, flags) if use_pch else None
+    if pch is not None:
+        flags = [f"-I{pch}", *flags]  # first on the path: GCC takes nf_cpu.h.gch from there
     workdir.mkdir(parents=True, exist_ok=True)
     cpps, objs, procs = [], [], []
     for i, src in enumerate(sources):
@@ -102,6 +186,14 @@ def compile_library(sources: list[str], out_path: Path, target: CpuTarget, workd
         out, _ = p.communicate()
         if p.returncode != 0:
             errors.append(f"{cpp}:\n{out}")
+    if errors and pch is not None:
+        # GCC reads the header itself where a .gch does not fit, but a damaged one (truncated) is
+        # fatal: without it, and if that compiles, the .gch was at fault (dropped, rebuilt later)
+        done = compile_library(sources, out_path, target, workdir, extra_flags, link_flags, use_pch=False)
+        with _pch_lock:
+            _pch_failed.add(pch.name)
+            (pch / (PCH_HEADER + ".gch")).unlink(missing_ok=True)
+        return done
     if errors:
         raise CompileError("C++ compilation failed; source kept at "
                            f"{', '.join(str(c) for c in cpps)}\n" + "\n".join(e[:4000] for e in errors))
