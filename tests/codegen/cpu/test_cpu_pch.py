@@ -5,13 +5,16 @@ failed build when damaged."""
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
+import time
 
 import pytest
 import torch
 
 import novaforge
 from novaforge.codegen.cpu import build
+from novaforge.codegen.cpu.gemm import build as gemm_build
 from novaforge.schedule.target import detect_cpu_target
 
 pytestmark = pytest.mark.skipif("clang" in build.compiler_version(build.compiler()).lower(),
@@ -82,3 +85,30 @@ def test_a_damaged_precompiled_header_never_fails_a_build(cache, damage):
     assert gch.exists() == (damage == "garbage")
     build._pch_failed.clear()  # (a new process)
     assert _answer(cache, "c") == 7 and gch.is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_background_build_holds_its_lock_does_not_wait_forever(cache):
+    """The header and nf_gemm are built in background threads under locks; a process forked then
+    (multiprocessing's default start method on Linux) gets free locks and builds what it needs."""
+    build._pch_lock.acquire()
+    gemm_build._lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: both builds need their lock
+            code = 1
+            try:
+                code = 0 if _answer(cache, "child") == 7 and gemm_build.library_path().is_file() else 2
+            finally:
+                os._exit(code)
+        deadline = time.time() + 300
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.time() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child waited on a lock its parent's thread held")
+            time.sleep(0.1)
+    finally:
+        gemm_build._lock.release()
+        build._pch_lock.release()
+    assert os.waitstatus_to_exitcode(done[1]) == 0

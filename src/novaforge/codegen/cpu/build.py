@@ -94,6 +94,16 @@ _pch_lock = threading.Lock()
 _pch_failed: set[str] = set()  # keys whose build failed in this process (not tried again)
 
 
+def _new_lock_in_child() -> None:
+    """A process forked while the background build held the lock would wait on it forever: the
+    child gets a free one (it builds its own header if it needs one before the parent's is in)."""
+    global _pch_lock
+    _pch_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 @functools.lru_cache(maxsize=64)
 def _pch_key(cxx: str, flags: tuple[str, ...]) -> str:
     from ...schedule.target import _cpu_flags

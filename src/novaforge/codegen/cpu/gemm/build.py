@@ -46,6 +46,17 @@ ISA_FLAGS = {
 _lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    """A process forked during the background build (`start_background_build`) would wait on its
+    lock forever: the child gets a free one (and compiles or copies the library itself if it
+    needs it before the parent's is in)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def include_dir() -> Path:
     """Directory holding nf_gemm.h (pass as -I to generated code)."""
     return _HERE
