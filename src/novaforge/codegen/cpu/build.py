@@ -118,14 +118,18 @@ def _pch_key(cxx: str, flags: tuple[str, ...]) -> str:
     return h.hexdigest()[:32]
 
 
+def _pch_file(cxx: str, flags: list[str]) -> Path:
+    """Where the precompiled header for units compiled with `flags` is kept."""
+    return settings.cache_root() / "cpu-pch" / _pch_key(cxx, tuple(flags)) / (PCH_HEADER + ".gch")
+
+
 def precompiled_header(cxx: str, flags: list[str]) -> Path | None:
     """The folder holding nf_cpu.h.gch for units compiled with `flags` (built on first use), or
     None: turned off, not GCC, or its build failed (the units then read the header itself)."""
     if not settings.cpu_pch() or "clang" in compiler_version(cxx).lower():
         return None
-    key = _pch_key(cxx, tuple(flags))
-    folder = settings.cache_root() / "cpu-pch" / key
-    gch = folder / (PCH_HEADER + ".gch")
+    gch = _pch_file(cxx, flags)
+    folder, key = gch.parent, gch.parent.name
     if gch.is_file():
         return folder
     with _pch_lock:
@@ -160,8 +164,7 @@ def start_background_pch(target: CpuTarget, extra_flags: list[str]) -> None:
     if not settings.cpu_pch() or shutil.which(cxx) is None:
         return
     flags = compile_flags(target) + list(extra_flags)
-    folder = settings.cache_root() / "cpu-pch" / _pch_key(cxx, tuple(flags))
-    if (folder / (PCH_HEADER + ".gch")).is_file():
+    if _pch_file(cxx, flags).is_file():
         return
     threading.Thread(target=precompiled_header, args=(cxx, flags), name="nf_cpu-pch", daemon=True).start()
 
